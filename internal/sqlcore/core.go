@@ -1,0 +1,736 @@
+package sqlcore
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Core runs the outbox statements of one dialect against one database.
+type Core struct {
+	dialect Dialect
+	db      DB
+	clock   func() time.Time
+	stmts   *statements
+}
+
+// Option configures a Core.
+type Option func(*Core)
+
+// WithClock replaces the database clock, for tests that need a fixed time.
+// Production code should leave the database clock in charge of leases.
+func WithClock(now func() time.Time) Option {
+	return func(c *Core) { c.clock = now }
+}
+
+// New returns a Core for the dialect over db.
+func New(d Dialect, db DB, opts ...Option) (*Core, error) {
+	if !d.Valid() {
+		return nil, fmt.Errorf("sqlcore: unknown dialect %q", d)
+	}
+	if db == nil {
+		return nil, errors.New("sqlcore: nil database")
+	}
+	c := &Core{dialect: d, db: db, stmts: newStatements(d)}
+	for _, opt := range opts {
+		opt(c)
+	}
+	return c, nil
+}
+
+// Dialect returns the core's dialect.
+func (c *Core) Dialect() Dialect { return c.dialect }
+
+// nowArg is the @now argument: the injected clock, or nil for the database clock.
+func (c *Core) nowArg() any {
+	if c.clock == nil {
+		return nil
+	}
+	return c.clock().UnixMicro()
+}
+
+// resolveNow returns the current time in microseconds, read from the
+// database unless a clock is injected.
+func (c *Core) resolveNow(ctx context.Context, ex Executor) (int64, error) {
+	if c.clock != nil {
+		return c.clock().UnixMicro(), nil
+	}
+	rows, err := ex.QueryContext(ctx, c.stmts.now.text, c.stmts.now.args(map[string]any{"now": nil})...)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	var now int64
+	if !rows.Next() {
+		if err := rowsErr(rows); err != nil {
+			return 0, err
+		}
+		return 0, errors.New("database returned no time")
+	}
+	if err := rows.Scan(&now); err != nil {
+		return 0, err
+	}
+	return now, rows.Close()
+}
+
+func micros(d time.Duration) int64 { return d.Microseconds() }
+
+func fromMicros(us int64) time.Time {
+	if us == 0 {
+		return time.Time{}
+	}
+	return time.UnixMicro(us).UTC()
+}
+
+// contentHash identifies an event's content for idempotency: kind and payload.
+func contentHash(kind string, payload []byte) string {
+	h := sha256.New()
+	h.Write([]byte(kind))
+	h.Write([]byte{0})
+	h.Write(payload)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func encodeMetadata(md map[string]string) (string, error) {
+	if len(md) == 0 {
+		return "{}", nil
+	}
+	b, err := json.Marshal(md)
+	if err != nil {
+		return "", fmt.Errorf("encode metadata: %w", err)
+	}
+	if len(b) > MaxMetadataBytes {
+		return "", fmt.Errorf("metadata is %d bytes, more than %d: %w", len(b), MaxMetadataBytes, ErrInvalidMetadata)
+	}
+	return string(b), nil
+}
+
+func decodeMetadata(text string) (map[string]string, error) {
+	md := map[string]string{}
+	if text == "" || text == "{}" {
+		return md, nil
+	}
+	if err := json.Unmarshal([]byte(text), &md); err != nil {
+		return nil, fmt.Errorf("decode metadata: %w", err)
+	}
+	return md, nil
+}
+
+// Enqueue records ev inside the caller's open transaction tx: one row for
+// every consumer group registered for the stream, or one row for the default
+// group when none is. It is idempotent on (stream, key): the same kind and
+// payload return the existing id with Inserted false; other content returns
+// ErrIdempotencyConflict. The common case is one round trip.
+func (c *Core) Enqueue(ctx context.Context, tx Executor, ev Event) (Enqueued, error) {
+	if tx == nil {
+		return Enqueued{}, errors.New("nil transaction")
+	}
+	if err := ev.Validate(); err != nil {
+		return Enqueued{}, err
+	}
+	md, err := encodeMetadata(ev.Metadata)
+	if err != nil {
+		return Enqueued{}, err
+	}
+	payload := ev.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	hash := contentHash(ev.Kind, payload)
+	args := c.stmts.enqueue.args(map[string]any{
+		"stream": ev.Stream, "key": ev.Key, "kind": ev.Kind, "payload": payload,
+		"metadata": md, "hash": hash, "now": c.nowArg(), "delay": micros(ev.Delay),
+	})
+	var id int64
+	if c.dialect == MySQL {
+		res, err := tx.ExecContext(ctx, c.stmts.enqueue.text, args...)
+		if err != nil {
+			return Enqueued{}, err
+		}
+		if n, _ := res.RowsAffected(); n > 0 {
+			if id, ok := lastInsertID(res); ok {
+				return Enqueued{ID: id, Inserted: true}, nil
+			}
+		}
+	} else {
+		rows, err := tx.QueryContext(ctx, c.stmts.enqueue.text, args...)
+		if err != nil {
+			return Enqueued{}, err
+		}
+		for rows.Next() {
+			var rowID int64
+			if err := rows.Scan(&rowID); err != nil {
+				rows.Close()
+				return Enqueued{}, err
+			}
+			if id == 0 || rowID < id {
+				id = rowID
+			}
+		}
+		if err := rowsErr(rows); err != nil {
+			rows.Close()
+			return Enqueued{}, err
+		}
+		if err := rows.Close(); err != nil {
+			return Enqueued{}, err
+		}
+		if id > 0 {
+			return Enqueued{ID: id, Inserted: true}, nil
+		}
+	}
+	return c.existing(ctx, tx, ev, hash)
+}
+
+// existing resolves an enqueue that hit its idempotency key.
+func (c *Core) existing(ctx context.Context, tx Executor, ev Event, hash string) (Enqueued, error) {
+	rows, err := tx.QueryContext(ctx, c.stmts.existing.text, c.stmts.existing.args(map[string]any{"stream": ev.Stream, "key": ev.Key})...)
+	if err != nil {
+		return Enqueued{}, err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rowsErr(rows); err != nil {
+			return Enqueued{}, err
+		}
+		return Enqueued{}, errors.New("event was neither inserted nor found")
+	}
+	var id int64
+	var stored string
+	if err := rows.Scan(&id, &stored); err != nil {
+		return Enqueued{}, err
+	}
+	if stored != hash {
+		return Enqueued{}, fmt.Errorf("event key exists in the stream with a different kind or payload: %w", ErrIdempotencyConflict)
+	}
+	return Enqueued{ID: id, Inserted: false}, nil
+}
+
+// newClaimKey returns 128 random bits in lowercase hex.
+func newClaimKey() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
+	return hex.EncodeToString(b[:])
+}
+
+// Claim takes up to req.Limit due events (pending and available, or
+// processing with an expired lease), oldest first, under a new lease with a
+// fresh claim key each. Due events whose attempts are used up are
+// dead-lettered instead of returned.
+func (c *Core) Claim(ctx context.Context, req ClaimRequest) ([]Claimed, error) {
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
+	if c.dialect == MySQL {
+		return c.claimMySQL(ctx, req)
+	}
+	q := c.stmts.claim
+	rows, err := c.db.QueryContext(ctx, q.text, q.args(map[string]any{
+		"stream": req.Stream, "group": req.Group, "worker": req.Worker, "limit": req.Limit,
+		"max": req.MaxAttempts, "lease": micros(req.Lease), "now": c.nowArg(),
+	})...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make([]Claimed, 0, req.Limit)
+	for rows.Next() {
+		var cl Claimed
+		var md string
+		var expires, created int64
+		dest := []any{&cl.ID, &cl.Stream, &cl.Group, &cl.Key, &cl.Kind, &cl.Payload, &md, &cl.Attempts, &cl.ClaimKey, &expires, &created}
+		var status string
+		if c.dialect == SQLite {
+			dest = append(dest, &status)
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return nil, err
+		}
+		if c.dialect == SQLite && status != StatusProcessing {
+			continue
+		}
+		if cl.Metadata, err = decodeMetadata(md); err != nil {
+			return nil, err
+		}
+		cl.LeaseExpiresAt, cl.CreatedAt = fromMicros(expires), fromMicros(created)
+		out = append(out, cl)
+	}
+	if err := rowsErr(rows); err != nil {
+		return nil, err
+	}
+	if c.dialect == SQLite {
+		slices.SortFunc(out, func(a, b Claimed) int { return int(a.ID - b.ID) })
+	}
+	return out, rows.Close()
+}
+
+// claimMySQL locks due rows with SKIP LOCKED, then claims or dead-letters
+// them, in one transaction.
+func (c *Core) claimMySQL(ctx context.Context, req ClaimRequest) ([]Claimed, error) {
+	var out []Claimed
+	err := inTx(ctx, c.db, &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
+		out = out[:0]
+		q := c.stmts.claimSelect
+		rows, err := tx.QueryContext(ctx, q.text, q.args(map[string]any{
+			"stream": req.Stream, "group": req.Group, "limit": req.Limit, "now": c.nowArg(),
+		})...)
+		if err != nil {
+			return err
+		}
+		var dead []int64
+		for rows.Next() {
+			var cl Claimed
+			var md, status string
+			var created, availableAt int64
+			if err := rows.Scan(&cl.ID, &cl.Stream, &cl.Group, &cl.Key, &cl.Kind, &cl.Payload, &md, &cl.Attempts, &cl.ClaimKey, &availableAt, &created, &status); err != nil {
+				rows.Close()
+				return err
+			}
+			if cl.Attempts >= req.MaxAttempts {
+				dead = append(dead, cl.ID)
+				continue
+			}
+			if cl.Metadata, err = decodeMetadata(md); err != nil {
+				rows.Close()
+				return err
+			}
+			cl.CreatedAt = fromMicros(created)
+			out = append(out, cl)
+		}
+		if err := rowsErr(rows); err != nil {
+			rows.Close()
+			return err
+		}
+		if err := rows.Close(); err != nil {
+			return err
+		}
+		if len(dead) > 0 {
+			text, extra := expandIDs(c.stmts.claimDead.text, dead)
+			args := append(c.stmts.claimDead.args(map[string]any{"worker": req.Worker}), extra...)
+			if _, err := tx.ExecContext(ctx, text, args...); err != nil {
+				return err
+			}
+		}
+		if len(out) == 0 {
+			return nil
+		}
+		// The lease is measured from the database clock, read after the lock.
+		now, err := c.resolveNow(ctx, tx)
+		if err != nil {
+			return err
+		}
+		expires := now + micros(req.Lease)
+		ids := make([]int64, len(out))
+		var cases strings.Builder
+		args := []any{req.Worker, expires}
+		for i := range out {
+			out[i].ClaimKey = newClaimKey()
+			out[i].Attempts++
+			out[i].LeaseExpiresAt = fromMicros(expires)
+			ids[i] = out[i].ID
+			cases.WriteString("WHEN ? THEN ? ")
+			args = append(args, out[i].ID, out[i].ClaimKey)
+		}
+		text, idArgs := expandIDs(strings.Replace(c.stmts.claimUpdate, "{cases}", cases.String(), 1), ids)
+		_, err = tx.ExecContext(ctx, text, append(args, idArgs...)...)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// AcknowledgeBatch marks delivered every receipt whose claim key still owns
+// its event under a live lease, in one statement, and returns the receipts
+// that were stale (nothing changed for those).
+func (c *Core) AcknowledgeBatch(ctx context.Context, rs []Receipt) (stale []Receipt, err error) {
+	if err := validateReceipts(rs); err != nil {
+		return nil, err
+	}
+	var settled map[int64]bool
+	switch c.dialect {
+	case Postgres:
+		ids, keys := splitReceipts(rs)
+		settled, err = c.queryIDs(ctx, c.db, c.stmts.ack.text, c.stmts.ack.args(map[string]any{"ids": ids, "keys": keys, "now": c.nowArg()}))
+	case SQLite:
+		text, extra := expandPairs(c.dialect, c.stmts.ack.text, rs)
+		settled, err = c.queryIDs(ctx, c.db, text, append(c.stmts.ack.args(map[string]any{"now": c.nowArg()}), extra...))
+	case MySQL:
+		settled, err = c.ackMySQL(ctx, rs)
+	}
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range rs {
+		if !settled[r.ID] {
+			stale = append(stale, r)
+		}
+	}
+	return stale, nil
+}
+
+func (c *Core) ackMySQL(ctx context.Context, rs []Receipt) (map[int64]bool, error) {
+	settled := map[int64]bool{}
+	err := inTx(ctx, c.db, nil, func(tx Tx) error {
+		clear(settled)
+		now, err := c.resolveNow(ctx, tx)
+		if err != nil {
+			return err
+		}
+		text, extra := expandPairs(c.dialect, c.stmts.ack.text, rs)
+		res, err := tx.ExecContext(ctx, text, append(c.stmts.ack.args(map[string]any{"now": now}), extra...)...)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); int(n) == len(rs) {
+			for _, r := range rs {
+				settled[r.ID] = true
+			}
+			return nil
+		}
+		text, extra = expandPairs(c.dialect, c.stmts.ackCheck.text, rs)
+		got, err := c.queryIDs(ctx, tx, text, append(c.stmts.ackCheck.args(map[string]any{"now": now}), extra...))
+		for id := range got {
+			settled[id] = true
+		}
+		return err
+	})
+	return settled, err
+}
+
+func splitReceipts(rs []Receipt) ([]int64, []string) {
+	ids := make([]int64, len(rs))
+	keys := make([]string, len(rs))
+	for i, r := range rs {
+		ids[i], keys[i] = r.ID, r.ClaimKey
+	}
+	return ids, keys
+}
+
+// queryIDs runs a statement returning ids in its first column.
+func (c *Core) queryIDs(ctx context.Context, ex Executor, text string, args []any) (map[int64]bool, error) {
+	rows, err := ex.QueryContext(ctx, text, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	ids := map[int64]bool{}
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids[id] = true
+	}
+	if err := rowsErr(rows); err != nil {
+		return nil, err
+	}
+	return ids, rows.Close()
+}
+
+// Fail settles one claim as failed: the event becomes pending again after
+// f.RetryDelay, or dead-lettered when its attempts reached f.MaxAttempts.
+// A stale claim returns ErrStaleClaim and changes nothing.
+func (c *Core) Fail(ctx context.Context, r Receipt, f Failure) (FailOutcome, error) {
+	if err := ValidateReceipt(r); err != nil {
+		return FailOutcome{}, err
+	}
+	if err := f.Validate(); err != nil {
+		return FailOutcome{}, err
+	}
+	vals := map[string]any{"id": r.ID, "key": r.ClaimKey, "max": f.MaxAttempts, "delay": micros(f.RetryDelay), "reason": f.Reason, "now": c.nowArg()}
+	var status string
+	found := false
+	if c.dialect == MySQL {
+		err := inTx(ctx, c.db, nil, func(tx Tx) error {
+			res, err := tx.ExecContext(ctx, c.stmts.fail.text, c.stmts.fail.args(vals)...)
+			if err != nil {
+				return err
+			}
+			if n, _ := res.RowsAffected(); n != 1 {
+				return nil
+			}
+			found = true
+			rows, err := tx.QueryContext(ctx, c.stmts.failStatus.text, c.stmts.failStatus.args(vals)...)
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			if rows.Next() {
+				return rows.Scan(&status)
+			}
+			return rowsErr(rows)
+		})
+		if err != nil {
+			return FailOutcome{}, err
+		}
+	} else {
+		rows, err := c.db.QueryContext(ctx, c.stmts.fail.text, c.stmts.fail.args(vals)...)
+		if err != nil {
+			return FailOutcome{}, err
+		}
+		if rows.Next() {
+			found = true
+			err = rows.Scan(&status)
+		}
+		if err == nil {
+			err = rowsErr(rows)
+		}
+		rows.Close()
+		if err != nil {
+			return FailOutcome{}, err
+		}
+	}
+	if !found {
+		return FailOutcome{}, fmt.Errorf("fail event %d: %w", r.ID, ErrStaleClaim)
+	}
+	return FailOutcome{DeadLettered: status == StatusDead}, nil
+}
+
+// ExtendBatch moves the lease of every live claim in rs to now+lease and
+// returns the new expiry and the receipts that were stale.
+func (c *Core) ExtendBatch(ctx context.Context, rs []Receipt, lease time.Duration) (time.Time, []Receipt, error) {
+	if err := validateReceipts(rs); err != nil {
+		return time.Time{}, nil, err
+	}
+	if err := ValidateLease(lease); err != nil {
+		return time.Time{}, nil, err
+	}
+	extended := map[int64]bool{}
+	var expires int64
+	scan := func(ex Executor, text string, args []any) error {
+		rows, err := ex.QueryContext(ctx, text, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var id, exp int64
+			if err := rows.Scan(&id, &exp); err != nil {
+				return err
+			}
+			extended[id], expires = true, exp
+		}
+		if err := rowsErr(rows); err != nil {
+			return err
+		}
+		return rows.Close()
+	}
+	var err error
+	switch c.dialect {
+	case Postgres:
+		ids, keys := splitReceipts(rs)
+		err = scan(c.db, c.stmts.extend.text, c.stmts.extend.args(map[string]any{"ids": ids, "keys": keys, "lease": micros(lease), "now": c.nowArg()}))
+	case SQLite:
+		text, extra := expandPairs(c.dialect, c.stmts.extend.text, rs)
+		err = scan(c.db, text, append(c.stmts.extend.args(map[string]any{"lease": micros(lease), "now": c.nowArg()}), extra...))
+	case MySQL:
+		err = inTx(ctx, c.db, nil, func(tx Tx) error {
+			clear(extended)
+			now, err := c.resolveNow(ctx, tx)
+			if err != nil {
+				return err
+			}
+			text, extra := expandPairs(c.dialect, c.stmts.extend.text, rs)
+			if _, err := tx.ExecContext(ctx, text, append(c.stmts.extend.args(map[string]any{"lease": micros(lease), "now": now}), extra...)...); err != nil {
+				return err
+			}
+			text, extra = expandPairs(c.dialect, c.stmts.extendCheck.text, rs)
+			return scan(tx, text, append(c.stmts.extendCheck.args(map[string]any{"expires": now + micros(lease)}), extra...))
+		})
+	}
+	if err != nil {
+		return time.Time{}, nil, err
+	}
+	var stale []Receipt
+	for _, r := range rs {
+		if !extended[r.ID] {
+			stale = append(stale, r)
+		}
+	}
+	return fromMicros(expires), stale, nil
+}
+
+// Release hands claimed events back without counting the attempt, for events
+// claimed but never given to a handler. It returns how many were released.
+func (c *Core) Release(ctx context.Context, rs []Receipt) (int, error) {
+	if err := validateReceipts(rs); err != nil {
+		return 0, err
+	}
+	var text string
+	var args []any
+	if c.dialect == Postgres {
+		ids, keys := splitReceipts(rs)
+		text, args = c.stmts.release.text, c.stmts.release.args(map[string]any{"ids": ids, "keys": keys, "now": c.nowArg()})
+	} else {
+		var extra []any
+		text, extra = expandPairs(c.dialect, c.stmts.release.text, rs)
+		args = append(c.stmts.release.args(map[string]any{"now": c.nowArg()}), extra...)
+	}
+	res, err := c.db.ExecContext(ctx, text, args...)
+	if err != nil {
+		return 0, err
+	}
+	n, err := res.RowsAffected()
+	return int(n), err
+}
+
+// DeadQuery selects dead-lettered events of one stream.
+type DeadQuery struct {
+	// Stream to list.
+	Stream string
+	// Group to list; ignored when AllGroups is set.
+	Group string
+	// AllGroups lists every consumer group of the stream.
+	AllGroups bool
+	// AfterID pages: only ids above it are listed.
+	AfterID int64
+	// Limit is the page size (1-MaxBatch).
+	Limit int
+}
+
+// ListDead lists dead-lettered events, oldest first.
+func (c *Core) ListDead(ctx context.Context, q DeadQuery) ([]DeadEvent, error) {
+	if err := ValidateKey("stream", q.Stream); err != nil {
+		return nil, err
+	}
+	if err := ValidateGroup(q.Group); err != nil {
+		return nil, err
+	}
+	if err := ValidateBatch(q.Limit); err != nil {
+		return nil, err
+	}
+	if q.AfterID < 0 {
+		return nil, fmt.Errorf("after id %d is negative: %w", q.AfterID, ErrInvalidID)
+	}
+	st := c.stmts.listDead
+	rows, err := c.db.QueryContext(ctx, st.text, st.args(map[string]any{
+		"stream": q.Stream, "group": q.Group, "all_groups": q.AllGroups, "after": q.AfterID, "limit": q.Limit,
+	})...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []DeadEvent
+	for rows.Next() {
+		var d DeadEvent
+		var created int64
+		if err := rows.Scan(&d.ID, &d.Stream, &d.Group, &d.Key, &d.Kind, &d.Attempts, &d.LastError, &created); err != nil {
+			return nil, err
+		}
+		d.CreatedAt = fromMicros(created)
+		out = append(out, d)
+	}
+	if err := rowsErr(rows); err != nil {
+		return nil, err
+	}
+	return out, rows.Close()
+}
+
+// Requeue makes dead-lettered events of the stream pending again with their
+// attempts reset, and returns how many it requeued.
+func (c *Core) Requeue(ctx context.Context, stream string, ids []int64) (int, error) {
+	if err := ValidateKey("stream", stream); err != nil {
+		return 0, err
+	}
+	if err := validateIDs(ids); err != nil {
+		return 0, err
+	}
+	st := c.stmts.requeue
+	var text string
+	var args []any
+	if c.dialect == Postgres {
+		text, args = st.text, st.args(map[string]any{"stream": stream, "ids": ids, "now": c.nowArg()})
+	} else {
+		var extra []any
+		text, extra = expandIDs(st.text, ids)
+		args = append(st.args(map[string]any{"stream": stream, "now": c.nowArg()}), extra...)
+	}
+	res, err := c.db.ExecContext(ctx, text, args...)
+	if err != nil {
+		return 0, err
+	}
+	n, err := res.RowsAffected()
+	return int(n), err
+}
+
+// Purge deletes up to limit delivered rows delivered more than olderThan
+// ago, oldest first, and returns how many it deleted. Purged keys may be
+// enqueued again: the idempotency window is the retention horizon.
+func (c *Core) Purge(ctx context.Context, olderThan time.Duration, limit int) (int64, error) {
+	if olderThan < 0 {
+		return 0, fmt.Errorf("purge horizon %s is negative: %w", olderThan, ErrInvalidHorizon)
+	}
+	if limit < 1 || limit > MaxPurgeBatch {
+		return 0, fmt.Errorf("purge limit %d is outside 1-%d: %w", limit, MaxPurgeBatch, ErrInvalidBatch)
+	}
+	st := c.stmts.purge
+	res, err := c.db.ExecContext(ctx, st.text, st.args(map[string]any{"horizon": micros(olderThan), "limit": limit, "now": c.nowArg()})...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// Stats counts undelivered rows per stream and consumer group.
+func (c *Core) Stats(ctx context.Context) ([]StreamStats, error) {
+	st := c.stmts.stats
+	rows, err := c.db.QueryContext(ctx, st.text, st.args(map[string]any{"now": c.nowArg()})...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []StreamStats
+	for rows.Next() {
+		var s StreamStats
+		var oldest, now int64
+		if err := rows.Scan(&s.Stream, &s.Group, &s.Pending, &s.Processing, &s.Dead, &oldest, &now); err != nil {
+			return nil, err
+		}
+		if oldest > 0 && now > oldest {
+			s.OldestPendingAge = time.Duration(now-oldest) * time.Microsecond
+		}
+		out = append(out, s)
+	}
+	if err := rowsErr(rows); err != nil {
+		return nil, err
+	}
+	return out, rows.Close()
+}
+
+// RegisterGroup durably subscribes a consumer group to a stream: from then
+// on every event enqueued to the stream gets a delivery row for the group.
+// It is idempotent.
+func (c *Core) RegisterGroup(ctx context.Context, stream, group string) error {
+	if err := ValidateKey("stream", stream); err != nil {
+		return err
+	}
+	if err := ValidateGroup(group); err != nil {
+		return err
+	}
+	st := c.stmts.register
+	_, err := c.db.ExecContext(ctx, st.text, st.args(map[string]any{"stream": stream, "group": group, "now": c.nowArg()})...)
+	return err
+}
+
+// UnregisterGroup removes a group's subscription; rows already written for
+// it stay until they are consumed or purged.
+func (c *Core) UnregisterGroup(ctx context.Context, stream, group string) error {
+	if err := ValidateKey("stream", stream); err != nil {
+		return err
+	}
+	if err := ValidateGroup(group); err != nil {
+		return err
+	}
+	st := c.stmts.unregister
+	_, err := c.db.ExecContext(ctx, st.text, st.args(map[string]any{"stream": stream, "group": group})...)
+	return err
+}

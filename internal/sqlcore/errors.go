@@ -1,0 +1,41 @@
+package sqlcore
+
+import "errors"
+
+// Sentinel errors. Every error returned for bad input or a lost claim wraps
+// one of these, so callers can test with errors.Is.
+var (
+	// ErrInvalidKey reports a stream, event key, event kind, consumer group
+	// or worker id outside 1-128 characters of [A-Za-z0-9._:-].
+	ErrInvalidKey = errors.New("invalid key")
+	// ErrPayloadTooLarge reports a payload above MaxPayloadBytes.
+	ErrPayloadTooLarge = errors.New("payload too large")
+	// ErrInvalidMetadata reports metadata above MaxMetadataBytes or with an
+	// empty key.
+	ErrInvalidMetadata = errors.New("invalid metadata")
+	// ErrInvalidLease reports a lease outside MinLease-MaxLease.
+	ErrInvalidLease = errors.New("lease outside its bound")
+	// ErrInvalidAttempts reports an attempt limit outside 1-MaxAttemptsLimit.
+	ErrInvalidAttempts = errors.New("attempt limit outside its bound")
+	// ErrInvalidDelay reports a retry or enqueue delay outside 0-MaxDelay.
+	ErrInvalidDelay = errors.New("delay outside its bound")
+	// ErrInvalidErrorText reports failure text that is empty, longer than
+	// MaxErrorBytes, not UTF-8 or that contains control characters.
+	ErrInvalidErrorText = errors.New("invalid failure text")
+	// ErrInvalidBatch reports a batch size outside 1-MaxBatch.
+	ErrInvalidBatch = errors.New("batch size outside its bound")
+	// ErrInvalidID reports an event id that is not positive.
+	ErrInvalidID = errors.New("invalid event id")
+	// ErrInvalidClaimKey reports a claim key that is not 32 lowercase hex
+	// characters.
+	ErrInvalidClaimKey = errors.New("invalid claim key")
+	// ErrInvalidHorizon reports a negative retention horizon.
+	ErrInvalidHorizon = errors.New("invalid retention horizon")
+	// ErrIdempotencyConflict reports an event key that already exists in the
+	// stream with a different kind or payload.
+	ErrIdempotencyConflict = errors.New("event key already exists with different content")
+	// ErrStaleClaim reports that the claim key no longer owns the event: the
+	// lease expired, another worker reclaimed it, or it was already settled.
+	// Nothing was changed.
+	ErrStaleClaim = errors.New("claim is stale")
+)

@@ -1,0 +1,71 @@
+package sqlcore
+
+import (
+	"context"
+	"database/sql"
+)
+
+// Result is what an executed statement reports.
+type Result interface {
+	RowsAffected() (int64, error)
+}
+
+// Rows iterates a query's result.
+type Rows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Close() error
+}
+
+// Executor runs statements: an open transaction, or a pool for the store's
+// own autocommit work. It has the shape of watermill-sql's ContextExecutor,
+// so its pgx and database/sql adapters can stand behind it.
+type Executor interface {
+	ExecContext(ctx context.Context, query string, args ...any) (Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (Rows, error)
+}
+
+// Tx is an open transaction owned by the store.
+type Tx interface {
+	Executor
+	Commit() error
+	Rollback() error
+}
+
+// DB is a pool the store uses for its own work.
+type DB interface {
+	Executor
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (Tx, error)
+}
+
+// rowsErr returns the iteration error of rows that report one (database/sql
+// and pgx rows both do).
+func rowsErr(rows Rows) error {
+	if r, ok := rows.(interface{ Err() error }); ok {
+		return r.Err()
+	}
+	return nil
+}
+
+// lastInsertID returns the first id a MySQL insert generated.
+func lastInsertID(res Result) (int64, bool) {
+	r, ok := res.(interface{ LastInsertId() (int64, error) })
+	if !ok {
+		return 0, false
+	}
+	id, err := r.LastInsertId()
+	return id, err == nil && id > 0
+}
+
+// inTx runs fn in a transaction of db, committing on success.
+func inTx(ctx context.Context, db DB, opts *sql.TxOptions, fn func(Tx) error) error {
+	tx, err := db.BeginTx(ctx, opts)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}

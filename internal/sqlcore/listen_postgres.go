@@ -1,0 +1,56 @@
+package sqlcore
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// NotifyChannel is the PostgreSQL channel the outbox trigger notifies with
+// the stream name as payload when a row becomes pending (on commit).
+const NotifyChannel = "millpond_outbox"
+
+// ListenPostgres holds one dedicated connection listening on NotifyChannel
+// and calls wake with the stream of each notification. After every
+// (re)connect it calls wake with "" so callers poll once for anything missed
+// while disconnected. A dropped connection is re-established with capped
+// exponential backoff until ctx ends; onErr sees each failure.
+func ListenPostgres(ctx context.Context, config *pgx.ConnConfig, wake func(stream string), onErr func(error)) {
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		err := listenOnce(ctx, config, wake, func() { backoff = 50 * time.Millisecond })
+		if ctx.Err() != nil {
+			return
+		}
+		if onErr != nil && err != nil {
+			onErr(err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+func listenOnce(ctx context.Context, config *pgx.ConnConfig, wake func(string), connected func()) error {
+	conn, err := pgx.ConnectConfig(ctx, config.Copy())
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+NotifyChannel); err != nil {
+		return err
+	}
+	connected()
+	wake("")
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return err
+		}
+		wake(n.Payload)
+	}
+}

@@ -1,0 +1,195 @@
+package sqlcore
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Migrations holds the schema as plain SQL files, one folder per dialect,
+// named the way golang-migrate expects (NNNN_name.up.sql / .down.sql); the
+// goose folder holds the same statements in goose's annotated form.
+//
+//go:embed migrations
+var Migrations embed.FS
+
+// Migration is one versioned schema step.
+type Migration struct {
+	// Version orders migrations.
+	Version int
+	// Name describes the step.
+	Name string
+	// Up applies the step.
+	Up string
+	// Down reverts the step.
+	Down string
+}
+
+// LoadMigrations reads the embedded migrations of a dialect, in order.
+func LoadMigrations(d Dialect) ([]Migration, error) {
+	dir := path.Join("migrations", string(d))
+	entries, err := fs.ReadDir(Migrations, dir)
+	if err != nil {
+		return nil, fmt.Errorf("read migrations of %s: %w", d, err)
+	}
+	byVersion := map[int]*Migration{}
+	for _, e := range entries {
+		name := e.Name()
+		direction := ""
+		switch {
+		case strings.HasSuffix(name, ".up.sql"):
+			direction = "up"
+		case strings.HasSuffix(name, ".down.sql"):
+			direction = "down"
+		default:
+			continue
+		}
+		num, title, ok := strings.Cut(name, "_")
+		if !ok {
+			return nil, fmt.Errorf("migration file %s has no version prefix", name)
+		}
+		version, err := strconv.Atoi(num)
+		if err != nil {
+			return nil, fmt.Errorf("migration file %s: %w", name, err)
+		}
+		body, err := fs.ReadFile(Migrations, path.Join(dir, name))
+		if err != nil {
+			return nil, err
+		}
+		m := byVersion[version]
+		if m == nil {
+			m = &Migration{Version: version, Name: strings.TrimSuffix(strings.TrimSuffix(title, ".up.sql"), ".down.sql")}
+			byVersion[version] = m
+		}
+		if direction == "up" {
+			m.Up = string(body)
+		} else {
+			m.Down = string(body)
+		}
+	}
+	out := make([]Migration, 0, len(byVersion))
+	for _, m := range byVersion {
+		out = append(out, *m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out, nil
+}
+
+// statementsOf splits a migration for drivers that run one statement per
+// call. PostgreSQL runs a whole file at once (its function bodies contain
+// semicolons).
+func (d Dialect) statementsOf(script string) []string {
+	if d == Postgres {
+		return []string{script}
+	}
+	var out []string
+	for _, part := range strings.Split(script, ";\n") {
+		if s := strings.TrimSpace(part); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Migrate applies every migration not yet recorded, in order, under a
+// database lock so concurrent processes migrate once. It is idempotent and
+// never runs implicitly.
+func (c *Core) Migrate(ctx context.Context) error {
+	migrations, err := LoadMigrations(c.dialect)
+	if err != nil {
+		return err
+	}
+	return inTx(ctx, c.db, nil, func(tx Tx) error {
+		if err := c.lock(ctx, tx); err != nil {
+			return err
+		}
+		defer c.unlock(ctx, tx)
+		if _, err := tx.ExecContext(ctx, c.stmts.migrationsDDL); err != nil {
+			return fmt.Errorf("create migrations table: %w", err)
+		}
+		applied, err := c.queryIDs(ctx, tx, c.stmts.appliedSQL, nil)
+		if err != nil {
+			return fmt.Errorf("read applied migrations: %w", err)
+		}
+		now, err := c.resolveNow(ctx, tx)
+		if err != nil {
+			return err
+		}
+		for _, m := range migrations {
+			if applied[int64(m.Version)] {
+				continue
+			}
+			for _, stmt := range c.dialect.statementsOf(m.Up) {
+				if _, err := tx.ExecContext(ctx, stmt); err != nil {
+					return fmt.Errorf("migration %d %s: %w", m.Version, m.Name, err)
+				}
+			}
+			if _, err := tx.ExecContext(ctx, c.stmts.recordSQL, m.Version, m.Name, now); err != nil {
+				return fmt.Errorf("record migration %d: %w", m.Version, err)
+			}
+		}
+		return nil
+	})
+}
+
+// MigrateDown reverts every migration, newest first, and drops the
+// migrations table: all outbox data is deleted.
+func (c *Core) MigrateDown(ctx context.Context) error {
+	migrations, err := LoadMigrations(c.dialect)
+	if err != nil {
+		return err
+	}
+	return inTx(ctx, c.db, nil, func(tx Tx) error {
+		if err := c.lock(ctx, tx); err != nil {
+			return err
+		}
+		defer c.unlock(ctx, tx)
+		for i := len(migrations) - 1; i >= 0; i-- {
+			for _, stmt := range c.dialect.statementsOf(migrations[i].Down) {
+				if _, err := tx.ExecContext(ctx, stmt); err != nil {
+					return fmt.Errorf("revert migration %d: %w", migrations[i].Version, err)
+				}
+			}
+		}
+		_, err := tx.ExecContext(ctx, "DROP TABLE IF EXISTS millpond_schema_migrations")
+		return err
+	})
+}
+
+const migrateLockKey = 7_311_042_655_112_001
+
+func (c *Core) lock(ctx context.Context, tx Tx) error {
+	var err error
+	switch c.dialect {
+	case Postgres:
+		_, err = tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrateLockKey))
+	case MySQL:
+		var got int
+		rows, qerr := tx.QueryContext(ctx, "SELECT GET_LOCK('millpond_migrate', 60)")
+		if qerr != nil {
+			return fmt.Errorf("take migration lock: %w", qerr)
+		}
+		if rows.Next() {
+			err = rows.Scan(&got)
+		}
+		rows.Close()
+		if err == nil && got != 1 {
+			err = fmt.Errorf("timed out waiting for another migration")
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("take migration lock: %w", err)
+	}
+	return nil
+}
+
+func (c *Core) unlock(ctx context.Context, tx Tx) {
+	if c.dialect == MySQL {
+		_, _ = tx.ExecContext(ctx, "SELECT RELEASE_LOCK('millpond_migrate')")
+	}
+}

@@ -1,0 +1,2 @@
+DROP TABLE IF EXISTS millpond_outbox;
+DROP TABLE IF EXISTS millpond_subscriptions;

@@ -1,0 +1,211 @@
+package sqlcore
+
+import "strings"
+
+// Every SQL statement of the outbox lives in this file. Templates use @name
+// parameters (see Dialect.compile); {pairs} and {ids} mark lists of receipts
+// or ids that MySQL and SQLite expand at run time, always at the end of the
+// statement so their arguments follow the compiled ones.
+
+const lastErrorLeaseExpired = "lease expired after the final attempt"
+
+type statements struct {
+	enqueue       query
+	existing      query
+	claim         query // PostgreSQL and SQLite: one statement
+	claimSelect   query // MySQL: lock due rows
+	claimDead     query // MySQL: dead-letter exhausted rows of the batch ({ids})
+	claimUpdate   string
+	ack           query
+	ackCheck      query // MySQL: which receipts this ack settled ({pairs})
+	fail          query
+	failStatus    query
+	extend        query
+	extendCheck   query
+	release       query
+	requeue       query
+	listDead      query
+	purge         query
+	stats         query
+	register      query
+	unregister    query
+	now           query
+	migrationsDDL string
+	appliedSQL    string
+	recordSQL     string
+}
+
+const claimColumns = "id, stream, consumer_group, event_key, event_kind, payload, metadata, attempts, claim_key, available_at, created_at"
+
+func newStatements(d Dialect) *statements {
+	s := &statements{}
+	c := d.compile
+	s.now = c("SELECT @now")
+	s.existing = c("SELECT id, content_hash FROM millpond_outbox WHERE stream = @stream AND event_key = @key ORDER BY id LIMIT 1")
+	s.listDead = c(`SELECT id, stream, consumer_group, event_key, event_kind, attempts, last_error, created_at
+FROM millpond_outbox
+WHERE status = 'dead_letter' AND stream = @stream AND (@all_groups OR consumer_group = @group) AND id > @after
+ORDER BY id LIMIT @limit`)
+	s.stats = c(`SELECT stream, consumer_group,
+  SUM(CASE WHEN status = 'pending' THEN 1 ELSE 0 END),
+  SUM(CASE WHEN status = 'processing' THEN 1 ELSE 0 END),
+  SUM(CASE WHEN status = 'dead_letter' THEN 1 ELSE 0 END),
+  COALESCE(MIN(CASE WHEN status IN ('pending', 'processing') THEN created_at END), 0),
+  MAX(@now)
+FROM millpond_outbox
+WHERE status IN ('pending', 'processing', 'dead_letter')
+GROUP BY stream, consumer_group
+ORDER BY stream, consumer_group`)
+	s.unregister = c("DELETE FROM millpond_subscriptions WHERE stream = @stream AND consumer_group = @group")
+	s.appliedSQL = "SELECT version FROM millpond_schema_migrations"
+
+	groups := `SELECT consumer_group FROM millpond_subscriptions WHERE stream = @stream
+  UNION ALL SELECT '' %s WHERE NOT EXISTS (SELECT 1 FROM millpond_subscriptions WHERE stream = @stream)`
+	insertCols := "INSERT INTO millpond_outbox (stream, consumer_group, event_key, event_kind, payload, metadata, content_hash, status, available_at, created_at)\n"
+
+	switch d {
+	case Postgres:
+		s.enqueue = c(insertCols + `SELECT @stream::VARCHAR, g.consumer_group, @key::VARCHAR, @kind::VARCHAR, @payload::BYTEA, @metadata::TEXT, @hash::CHAR(64), 'pending', @now + @delay::BIGINT, @now
+FROM (` + strings.Replace(groups, "%s", "", 1) + `) g
+ON CONFLICT (stream, consumer_group, event_key) DO NOTHING
+RETURNING id`)
+		s.claim = c(`WITH due AS (
+  SELECT id FROM millpond_outbox
+  WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'processing') AND available_at <= @now
+  ORDER BY id LIMIT @limit
+  FOR UPDATE SKIP LOCKED
+), claimed AS (
+  UPDATE millpond_outbox o SET
+    status = CASE WHEN o.attempts >= @max THEN 'dead_letter' ELSE 'processing' END,
+    attempts = CASE WHEN o.attempts >= @max THEN o.attempts ELSE o.attempts + 1 END,
+    claimed_by = @worker,
+    claim_key = CASE WHEN o.attempts >= @max THEN '' ELSE replace(gen_random_uuid()::TEXT, '-', '') END,
+    last_error = CASE WHEN o.attempts >= @max AND o.status = 'processing' THEN '` + lastErrorLeaseExpired + `' ELSE o.last_error END,
+    available_at = @now + @lease::BIGINT
+  FROM due WHERE o.id = due.id
+  RETURNING o.id, o.stream, o.consumer_group, o.event_key, o.event_kind, o.payload, o.metadata, o.attempts, o.claim_key, o.available_at, o.created_at, o.status
+)
+SELECT ` + claimColumns + ` FROM claimed WHERE status = 'processing' ORDER BY id`)
+		s.ack = c(`UPDATE millpond_outbox o SET status = 'delivered', delivered_at = @now
+FROM unnest(@ids::BIGINT[], @keys::TEXT[]) AS r(id, claim_key)
+WHERE o.id = r.id AND o.claim_key = r.claim_key AND o.status = 'processing' AND o.available_at > @now
+RETURNING o.id`)
+		s.fail = c(`UPDATE millpond_outbox SET
+  status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'pending' END,
+  available_at = @now + @delay::BIGINT, last_error = @reason
+WHERE id = @id AND claim_key = @key AND status = 'processing' AND available_at > @now
+RETURNING status`)
+		s.extend = c(`UPDATE millpond_outbox o SET available_at = @now + @lease::BIGINT
+FROM unnest(@ids::BIGINT[], @keys::TEXT[]) AS r(id, claim_key)
+WHERE o.id = r.id AND o.claim_key = r.claim_key AND o.status = 'processing' AND o.available_at > @now
+RETURNING o.id, o.available_at`)
+		s.release = c(`UPDATE millpond_outbox o SET status = 'pending', attempts = GREATEST(o.attempts - 1, 0), available_at = @now
+FROM unnest(@ids::BIGINT[], @keys::TEXT[]) AS r(id, claim_key)
+WHERE o.id = r.id AND o.claim_key = r.claim_key AND o.status = 'processing'`)
+		s.requeue = c(`UPDATE millpond_outbox SET status = 'pending', attempts = 0, available_at = @now, last_error = ''
+WHERE status = 'dead_letter' AND stream = @stream AND id = ANY(@ids::BIGINT[])`)
+		s.purge = c(`DELETE FROM millpond_outbox WHERE id IN (
+  SELECT id FROM millpond_outbox WHERE status = 'delivered' AND delivered_at < @now - @horizon::BIGINT
+  ORDER BY delivered_at LIMIT @limit)`)
+		s.register = c("INSERT INTO millpond_subscriptions (stream, consumer_group, created_at) VALUES (@stream, @group, @now) ON CONFLICT DO NOTHING")
+		s.migrationsDDL = "CREATE TABLE IF NOT EXISTS millpond_schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR(128) NOT NULL, applied_at BIGINT NOT NULL)"
+		s.recordSQL = "INSERT INTO millpond_schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)"
+
+	case MySQL:
+		s.enqueue = c(insertCols + `SELECT @stream, g.consumer_group, @key, @kind, @payload, @metadata, @hash, 'pending', @now + @delay, @now
+FROM (` + strings.Replace(groups, "%s", "FROM DUAL", 1) + `) g
+ON DUPLICATE KEY UPDATE millpond_outbox.id = millpond_outbox.id`)
+		s.claimSelect = c(`SELECT ` + claimColumns + `, status FROM millpond_outbox
+WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'processing') AND available_at <= @now
+ORDER BY id LIMIT @limit
+FOR UPDATE SKIP LOCKED`)
+		s.claimDead = c(`UPDATE millpond_outbox SET status = 'dead_letter', claimed_by = @worker, claim_key = '',
+  last_error = CASE WHEN status = 'processing' THEN '` + lastErrorLeaseExpired + `' ELSE last_error END
+WHERE id IN ({ids})`)
+		s.claimUpdate = "UPDATE millpond_outbox SET status = 'processing', attempts = attempts + 1, claimed_by = ?, available_at = ?, claim_key = CASE id {cases} END WHERE id IN ({ids})"
+		s.ack = c(`UPDATE millpond_outbox SET status = 'delivered', delivered_at = @now
+WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})`)
+		s.ackCheck = c(`SELECT id FROM millpond_outbox WHERE status = 'delivered' AND delivered_at = @now AND (id, claim_key) IN ({pairs})`)
+		s.fail = c(`UPDATE millpond_outbox SET
+  status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'pending' END,
+  available_at = @now + @delay, last_error = @reason
+WHERE id = @id AND claim_key = @key AND status = 'processing' AND available_at > @now`)
+		s.failStatus = c("SELECT status FROM millpond_outbox WHERE id = @id")
+		s.extend = c(`UPDATE millpond_outbox SET available_at = @now + @lease
+WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})`)
+		s.extendCheck = c(`SELECT id, available_at FROM millpond_outbox WHERE status = 'processing' AND available_at = @expires AND (id, claim_key) IN ({pairs})`)
+		s.release = c(`UPDATE millpond_outbox SET status = 'pending', attempts = GREATEST(attempts - 1, 0), available_at = @now
+WHERE status = 'processing' AND (id, claim_key) IN ({pairs})`)
+		s.requeue = c(`UPDATE millpond_outbox SET status = 'pending', attempts = 0, available_at = @now, last_error = ''
+WHERE status = 'dead_letter' AND stream = @stream AND id IN ({ids})`)
+		s.purge = c(`DELETE FROM millpond_outbox WHERE status = 'delivered' AND delivered_at < @now - @horizon ORDER BY delivered_at LIMIT @limit`)
+		s.register = c("INSERT INTO millpond_subscriptions (stream, consumer_group, created_at) VALUES (@stream, @group, @now) ON DUPLICATE KEY UPDATE stream = stream")
+		s.migrationsDDL = "CREATE TABLE IF NOT EXISTS millpond_schema_migrations (version INT PRIMARY KEY, name VARCHAR(128) NOT NULL, applied_at BIGINT NOT NULL) ENGINE=InnoDB"
+		s.recordSQL = "INSERT INTO millpond_schema_migrations (version, name, applied_at) VALUES (?, ?, ?)"
+
+	case SQLite:
+		s.enqueue = c(insertCols + `SELECT @stream, g.consumer_group, @key, @kind, @payload, @metadata, @hash, 'pending', @now + @delay, @now
+FROM (` + strings.Replace(groups, "%s", "", 1) + `) AS g WHERE true
+ON CONFLICT (stream, consumer_group, event_key) DO NOTHING
+RETURNING id`)
+		s.claim = c(`UPDATE millpond_outbox SET
+  status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'processing' END,
+  attempts = CASE WHEN attempts >= @max THEN attempts ELSE attempts + 1 END,
+  claimed_by = @worker,
+  claim_key = CASE WHEN attempts >= @max THEN '' ELSE lower(hex(randomblob(16))) END,
+  last_error = CASE WHEN attempts >= @max AND status = 'processing' THEN '` + lastErrorLeaseExpired + `' ELSE last_error END,
+  available_at = @now + @lease
+WHERE id IN (
+  SELECT id FROM millpond_outbox
+  WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'processing') AND available_at <= @now
+  ORDER BY id LIMIT @limit)
+RETURNING ` + claimColumns + `, status`)
+		s.ack = c(`UPDATE millpond_outbox SET status = 'delivered', delivered_at = @now
+WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})
+RETURNING id`)
+		s.fail = c(`UPDATE millpond_outbox SET
+  status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'pending' END,
+  available_at = @now + @delay, last_error = @reason
+WHERE id = @id AND claim_key = @key AND status = 'processing' AND available_at > @now
+RETURNING status`)
+		s.extend = c(`UPDATE millpond_outbox SET available_at = @now + @lease
+WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})
+RETURNING id, available_at`)
+		s.release = c(`UPDATE millpond_outbox SET status = 'pending', attempts = MAX(attempts - 1, 0), available_at = @now
+WHERE status = 'processing' AND (id, claim_key) IN ({pairs})`)
+		s.requeue = c(`UPDATE millpond_outbox SET status = 'pending', attempts = 0, available_at = @now, last_error = ''
+WHERE status = 'dead_letter' AND stream = @stream AND id IN ({ids})`)
+		s.purge = c(`DELETE FROM millpond_outbox WHERE id IN (
+  SELECT id FROM millpond_outbox WHERE status = 'delivered' AND delivered_at < @now - @horizon
+  ORDER BY delivered_at LIMIT @limit)`)
+		s.register = c("INSERT INTO millpond_subscriptions (stream, consumer_group, created_at) VALUES (@stream, @group, @now) ON CONFLICT DO NOTHING")
+		s.migrationsDDL = "CREATE TABLE IF NOT EXISTS millpond_schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)"
+		s.recordSQL = "INSERT INTO millpond_schema_migrations (version, name, applied_at) VALUES (?, ?, ?)"
+	}
+	return s
+}
+
+// expandPairs fills {pairs} with n (id, claim_key) row values for MySQL or
+// SQLite and returns the extra arguments.
+func expandPairs(d Dialect, text string, rs []Receipt) (string, []any) {
+	rows := make([]string, len(rs))
+	args := make([]any, 0, 2*len(rs))
+	for i, r := range rs {
+		rows[i] = "(?, ?)"
+		args = append(args, r.ID, r.ClaimKey)
+	}
+	list := strings.Join(rows, ", ")
+	if d == SQLite {
+		list = "VALUES " + list
+	}
+	return strings.Replace(text, "{pairs}", list, 1), args
+}
+
+// expandIDs fills {ids} with n placeholders and returns the arguments.
+func expandIDs(text string, ids []int64) (string, []any) {
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id
+	}
+	return strings.Replace(text, "{ids}", strings.TrimSuffix(strings.Repeat("?, ", len(ids)), ", "), 1), args
+}

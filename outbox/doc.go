@@ -1,0 +1,24 @@
+// Package outbox is millpond's public API: a durable transactional outbox in
+// the application's own database, and a Watermill Publisher and Subscriber
+// over it.
+//
+// An application records an event in the same transaction as its data
+// (Store.Enqueue or Publisher.Publish); either both commit or neither does.
+// Workers claim due events under a time-limited lease (Store.Claim or the
+// Subscriber), then acknowledge them (delivered) or fail them (retry after a
+// delay, or dead-letter at the attempt limit). A claim is proven by an
+// unguessable claim key: a worker whose lease expired, or that presents a
+// wrong key, changes nothing and is told so with ErrStaleClaim.
+//
+// Dialects: PostgreSQL through pgx/v5 (with LISTEN/NOTIFY wake-ups), MySQL 8
+// and MariaDB 10.6+ through go-sql-driver/mysql, and SQLite through
+// modernc.org/sqlite, the embedded default.
+//
+// Consumer groups: each delivery row belongs to one consumer group. A group
+// is registered durably (RegisterGroup, or by a Subscriber when it
+// subscribes); every event enqueued after that gets a row for the group. A
+// group that subscribes later sees only events enqueued after it registered,
+// the way a new Google Pub/Sub subscription does. Events enqueued to a stream
+// that has no registered group at all go to the default group "" so that
+// nothing is dropped before the first subscriber exists.
+package outbox

@@ -1,0 +1,74 @@
+package outbox
+
+import (
+	"errors"
+
+	"github.com/millpond/millpond/internal/sqlcore"
+)
+
+// Errors returned by the store; test them with errors.Is.
+var (
+	// ErrInvalidKey reports a stream, event key, event kind, consumer group
+	// or worker id outside 1-128 characters of [A-Za-z0-9._:-].
+	ErrInvalidKey = sqlcore.ErrInvalidKey
+	// ErrPayloadTooLarge reports a payload above MaxPayloadBytes.
+	ErrPayloadTooLarge = sqlcore.ErrPayloadTooLarge
+	// ErrInvalidMetadata reports metadata above MaxMetadataBytes or with an
+	// empty key.
+	ErrInvalidMetadata = sqlcore.ErrInvalidMetadata
+	// ErrInvalidLease reports a lease outside MinLease-MaxLease.
+	ErrInvalidLease = sqlcore.ErrInvalidLease
+	// ErrInvalidAttempts reports an attempt limit outside 1-MaxAttempts.
+	ErrInvalidAttempts = sqlcore.ErrInvalidAttempts
+	// ErrInvalidDelay reports a delay outside 0-MaxDelay.
+	ErrInvalidDelay = sqlcore.ErrInvalidDelay
+	// ErrInvalidErrorText reports failure text that is empty, too long, not
+	// UTF-8 or with control characters.
+	ErrInvalidErrorText = sqlcore.ErrInvalidErrorText
+	// ErrInvalidBatch reports a batch size outside its bound.
+	ErrInvalidBatch = sqlcore.ErrInvalidBatch
+	// ErrInvalidID reports an event id that is not positive.
+	ErrInvalidID = sqlcore.ErrInvalidID
+	// ErrInvalidClaimKey reports a malformed claim key.
+	ErrInvalidClaimKey = sqlcore.ErrInvalidClaimKey
+	// ErrInvalidHorizon reports a negative purge horizon.
+	ErrInvalidHorizon = sqlcore.ErrInvalidHorizon
+	// ErrIdempotencyConflict reports an event key that already exists in
+	// the stream with a different kind or payload.
+	ErrIdempotencyConflict = sqlcore.ErrIdempotencyConflict
+	// ErrStaleClaim reports a claim key that no longer owns its event;
+	// nothing was changed.
+	ErrStaleClaim = sqlcore.ErrStaleClaim
+	// ErrNoTransaction reports an Enqueue or Publish without an open
+	// transaction: the outbox never opens one implicitly, so an event cannot
+	// commit apart from the data it describes.
+	ErrNoTransaction = errors.New("outbox: an open transaction is required (pgx.Tx or *sql.Tx); refusing an implicit one")
+	// ErrUnsupportedTx reports a transaction value of an unknown type.
+	ErrUnsupportedTx = errors.New("outbox: unsupported transaction type: want pgx.Tx, *sql.Tx or a watermill-sql Tx")
+	// ErrClosed reports use of a closed Store, Publisher or Subscriber.
+	ErrClosed = errors.New("outbox: closed")
+)
+
+// Bounds on inputs.
+const (
+	// MaxKeyLen is the longest stream, event key, kind, group or worker id.
+	MaxKeyLen = sqlcore.MaxKeyLen
+	// MaxPayloadBytes is the largest payload.
+	MaxPayloadBytes = sqlcore.MaxPayloadBytes
+	// MaxMetadataBytes is the largest metadata, as stored JSON.
+	MaxMetadataBytes = sqlcore.MaxMetadataBytes
+	// MaxErrorBytes is the longest stored failure text.
+	MaxErrorBytes = sqlcore.MaxErrorBytes
+	// MinLease is the shortest lease.
+	MinLease = sqlcore.MinLease
+	// MaxLease is the longest lease.
+	MaxLease = sqlcore.MaxLease
+	// MaxAttempts is the highest attempt limit.
+	MaxAttempts = sqlcore.MaxAttemptsLimit
+	// MaxDelay is the longest retry or enqueue delay.
+	MaxDelay = sqlcore.MaxDelay
+	// MaxBatch is the largest batch of one call.
+	MaxBatch = sqlcore.MaxBatch
+	// MaxPurgeBatch is the most rows one Purge removes.
+	MaxPurgeBatch = sqlcore.MaxPurgeBatch
+)

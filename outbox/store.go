@@ -1,0 +1,316 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millpond/millpond/internal/sqlcore"
+)
+
+// Store is the durable outbox over one database. It is safe for concurrent
+// use. Create it with NewPostgres, NewMySQL, NewSQLite or Open; install the
+// schema with Migrate (never implicit).
+type Store struct {
+	core   *sqlcore.Core
+	pool   *pgxpool.Pool // PostgreSQL only
+	logger *slog.Logger
+	closer func() error
+	wake   *wakeHub
+
+	mu     sync.Mutex
+	closed bool
+	stop   context.CancelFunc
+}
+
+// Option configures a Store.
+type Option func(*storeOptions)
+
+type storeOptions struct {
+	clock  func() time.Time
+	logger *slog.Logger
+	listen bool
+}
+
+// WithClock replaces the database clock for tests that need fixed time.
+func WithClock(now func() time.Time) Option {
+	return func(o *storeOptions) { o.clock = now }
+}
+
+// WithLogger sets the logger for background work (the PostgreSQL listener).
+// The default discards logs.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *storeOptions) { o.logger = l }
+}
+
+// WithoutListen turns off PostgreSQL LISTEN/NOTIFY wake-ups; subscribers
+// then rely on polling alone.
+func WithoutListen() Option {
+	return func(o *storeOptions) { o.listen = false }
+}
+
+func buildOptions(opts []Option) storeOptions {
+	o := storeOptions{listen: true, logger: slog.New(slog.DiscardHandler)}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
+func newStore(d sqlcore.Dialect, db sqlcore.DB, o storeOptions) (*Store, error) {
+	var coreOpts []sqlcore.Option
+	if o.clock != nil {
+		coreOpts = append(coreOpts, sqlcore.WithClock(o.clock))
+	}
+	core, err := sqlcore.New(d, db, coreOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: %w", err)
+	}
+	return &Store{core: core, logger: o.logger, wake: newWakeHub()}, nil
+}
+
+// NewPostgres returns a Store over a pgx pool. The pool stays the caller's
+// to close. Subscribers are woken by LISTEN/NOTIFY on a dedicated
+// connection made from the pool's config, unless WithoutListen is given.
+func NewPostgres(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
+	if pool == nil {
+		return nil, errors.New("outbox: nil pgx pool")
+	}
+	o := buildOptions(opts)
+	s, err := newStore(sqlcore.Postgres, newDatabase(wsql.BeginnerFromPgx(pool)), o)
+	if err != nil {
+		return nil, err
+	}
+	s.pool = pool
+	if o.listen {
+		ctx, cancel := context.WithCancel(context.Background())
+		s.stop = cancel
+		s.wake.listening = true
+		go sqlcore.ListenPostgres(ctx, pool.Config().ConnConfig, s.wake.notify, func(err error) {
+			s.logger.Warn("outbox: notification listener reconnecting", "error", err)
+		})
+	}
+	return s, nil
+}
+
+// NewMySQL returns a Store over a MySQL 8 or MariaDB 10.6+ database. The
+// database stays the caller's to close. Open it with interpolateParams=true
+// for one round trip per statement.
+func NewMySQL(db *sql.DB, opts ...Option) (*Store, error) {
+	if db == nil {
+		return nil, errors.New("outbox: nil database")
+	}
+	return newStore(sqlcore.MySQL, newDatabase(wsql.BeginnerFromStdSQL(db)), buildOptions(opts))
+}
+
+// NewSQLite returns a Store over a modernc.org/sqlite database. The database
+// stays the caller's to close. Open it with SQLiteDSN for WAL, a busy timeout
+// and immediate transactions.
+func NewSQLite(db *sql.DB, opts ...Option) (*Store, error) {
+	if db == nil {
+		return nil, errors.New("outbox: nil database")
+	}
+	return newStore(sqlcore.SQLite, newDatabase(wsql.BeginnerFromStdSQL(db)), buildOptions(opts))
+}
+
+// Dialect names the store's database: "postgres", "mysql" or "sqlite".
+func (s *Store) Dialect() string { return string(s.core.Dialect()) }
+
+// Close stops the store's background work and closes a database that Open
+// opened. It does not close pools handed to NewPostgres, NewMySQL or
+// NewSQLite.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	if s.stop != nil {
+		s.stop()
+	}
+	if s.closer != nil {
+		return s.closer()
+	}
+	return nil
+}
+
+// Migrate installs or upgrades the outbox schema. It is idempotent and safe
+// to run from several processes at once.
+func (s *Store) Migrate(ctx context.Context) error {
+	if err := s.core.Migrate(ctx); err != nil {
+		return fmt.Errorf("outbox: migrate: %w", err)
+	}
+	return nil
+}
+
+// MigrateDown removes the outbox schema and every event in it.
+func (s *Store) MigrateDown(ctx context.Context) error {
+	if err := s.core.MigrateDown(ctx); err != nil {
+		return fmt.Errorf("outbox: migrate down: %w", err)
+	}
+	return nil
+}
+
+// Migrations returns the plain SQL migrations of a dialect ("postgres",
+// "mysql", "sqlite"), for teams whose release tooling owns the DDL. The same
+// files are embedded as golang-migrate and goose folders under
+// internal/sqlcore/migrations.
+func Migrations(dialect string) ([]Migration, error) {
+	return sqlcore.LoadMigrations(sqlcore.Dialect(dialect))
+}
+
+// Enqueue records ev inside the caller's open transaction tx, which must be
+// a pgx.Tx, a *sql.Tx or a watermill-sql Tx; pools and connections are
+// refused with ErrNoTransaction. It is idempotent on (stream, key): the same
+// kind and payload return the existing id with Inserted false; other content
+// returns ErrIdempotencyConflict.
+func (s *Store) Enqueue(ctx context.Context, tx any, ev Event) (Enqueued, error) {
+	ex, err := txExecutor(tx)
+	if err != nil {
+		return Enqueued{}, err
+	}
+	res, err := s.core.Enqueue(ctx, ex, ev)
+	if err != nil {
+		return Enqueued{}, fmt.Errorf("outbox: enqueue: %w", err)
+	}
+	return res, nil
+}
+
+// Claim takes up to req.Limit due events, oldest first, under a lease.
+func (s *Store) Claim(ctx context.Context, req ClaimRequest) ([]Claimed, error) {
+	out, err := s.core.Claim(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: claim: %w", err)
+	}
+	return out, nil
+}
+
+// Acknowledge marks one claimed event delivered. A stale claim returns
+// ErrStaleClaim and changes nothing.
+func (s *Store) Acknowledge(ctx context.Context, r Receipt) error {
+	stale, err := s.AcknowledgeBatch(ctx, []Receipt{r})
+	if err != nil {
+		return err
+	}
+	if len(stale) > 0 {
+		return fmt.Errorf("outbox: acknowledge event %d: %w", r.ID, ErrStaleClaim)
+	}
+	return nil
+}
+
+// AcknowledgeBatch marks delivered, in one statement, every receipt that
+// still owns its event, and returns the stale ones (left unchanged).
+func (s *Store) AcknowledgeBatch(ctx context.Context, rs []Receipt) ([]Receipt, error) {
+	stale, err := s.core.AcknowledgeBatch(ctx, rs)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: acknowledge %d events: %w", len(rs), err)
+	}
+	return stale, nil
+}
+
+// Fail settles a claim as failed: pending again after f.RetryDelay, or
+// dead-lettered at f.MaxAttempts. A stale claim returns ErrStaleClaim.
+func (s *Store) Fail(ctx context.Context, r Receipt, f Failure) (FailOutcome, error) {
+	out, err := s.core.Fail(ctx, r, f)
+	if err != nil {
+		return FailOutcome{}, fmt.Errorf("outbox: fail event %d: %w", r.ID, err)
+	}
+	return out, nil
+}
+
+// Extend moves one claim's lease to now+lease and returns the new expiry. A
+// stale claim returns ErrStaleClaim.
+func (s *Store) Extend(ctx context.Context, r Receipt, lease time.Duration) (time.Time, error) {
+	expires, stale, err := s.ExtendBatch(ctx, []Receipt{r}, lease)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if len(stale) > 0 {
+		return time.Time{}, fmt.Errorf("outbox: extend event %d: %w", r.ID, ErrStaleClaim)
+	}
+	return expires, nil
+}
+
+// ExtendBatch moves the lease of every live claim to now+lease, in one
+// statement, and returns the new expiry and the stale receipts.
+func (s *Store) ExtendBatch(ctx context.Context, rs []Receipt, lease time.Duration) (time.Time, []Receipt, error) {
+	expires, stale, err := s.core.ExtendBatch(ctx, rs, lease)
+	if err != nil {
+		return time.Time{}, nil, fmt.Errorf("outbox: extend %d events: %w", len(rs), err)
+	}
+	return expires, stale, nil
+}
+
+// Release hands claimed but unstarted events back at once, without counting
+// the attempt, and returns how many it released.
+func (s *Store) Release(ctx context.Context, rs ...Receipt) (int, error) {
+	n, err := s.core.Release(ctx, rs)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: release %d events: %w", len(rs), err)
+	}
+	return n, nil
+}
+
+// ListDead lists dead-lettered events, oldest first.
+func (s *Store) ListDead(ctx context.Context, q DeadQuery) ([]DeadEvent, error) {
+	out, err := s.core.ListDead(ctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: list dead letters: %w", err)
+	}
+	return out, nil
+}
+
+// Requeue makes dead-lettered events of a stream pending again, attempts
+// reset, and returns how many it requeued.
+func (s *Store) Requeue(ctx context.Context, stream string, ids ...int64) (int, error) {
+	n, err := s.core.Requeue(ctx, stream, ids)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: requeue %d events: %w", len(ids), err)
+	}
+	return n, nil
+}
+
+// Purge deletes up to limit rows delivered more than olderThan ago and
+// returns how many it deleted. A purged key may be enqueued again: the
+// idempotency window is the retention horizon.
+func (s *Store) Purge(ctx context.Context, olderThan time.Duration, limit int) (int64, error) {
+	n, err := s.core.Purge(ctx, olderThan, limit)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: purge: %w", err)
+	}
+	return n, nil
+}
+
+// Stats counts undelivered rows per stream and consumer group.
+func (s *Store) Stats(ctx context.Context) ([]StreamStats, error) {
+	out, err := s.core.Stats(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: stats: %w", err)
+	}
+	return out, nil
+}
+
+// RegisterGroup durably subscribes a consumer group to a stream; events
+// enqueued from then on get a delivery row for the group. Idempotent.
+func (s *Store) RegisterGroup(ctx context.Context, stream, group string) error {
+	if err := s.core.RegisterGroup(ctx, stream, group); err != nil {
+		return fmt.Errorf("outbox: register group: %w", err)
+	}
+	return nil
+}
+
+// UnregisterGroup removes a group's subscription; its existing rows stay.
+func (s *Store) UnregisterGroup(ctx context.Context, stream, group string) error {
+	if err := s.core.UnregisterGroup(ctx, stream, group); err != nil {
+		return fmt.Errorf("outbox: unregister group: %w", err)
+	}
+	return nil
+}
