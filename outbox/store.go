@@ -20,6 +20,7 @@ import (
 // schema with Migrate (never implicit).
 type Store struct {
 	core   *sqlcore.Core
+	db     sqlcore.DB
 	pool   *pgxpool.Pool // PostgreSQL only
 	logger *slog.Logger
 	closer func() error
@@ -73,7 +74,7 @@ func newStore(d sqlcore.Dialect, db sqlcore.DB, o storeOptions) (*Store, error) 
 	if err != nil {
 		return nil, fmt.Errorf("outbox: %w", err)
 	}
-	return &Store{core: core, logger: o.logger, wake: newWakeHub()}, nil
+	return &Store{core: core, db: db, logger: o.logger, wake: newWakeHub()}, nil
 }
 
 // NewPostgres returns a Store over a pgx pool. The pool stays the caller's

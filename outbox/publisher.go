@@ -1,0 +1,181 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Metadata keys the Publisher reads and the Subscriber sets.
+const (
+	// MetadataKind carries the event kind. On publish it is read first,
+	// then MetadataCQRSName, then the topic is used; on delivery both keys
+	// hold the kind.
+	MetadataKind = "event_kind"
+	// MetadataCQRSName is where Watermill's CQRS marshalers keep the event
+	// name, so cqrs.EventProcessor runs unchanged on the Subscriber.
+	MetadataCQRSName = "name"
+	// MetadataEventKey, when set on publish, is the idempotency key instead
+	// of the message UUID.
+	MetadataEventKey = "event_key"
+	// MetadataAttempt is set on delivery to the attempt number (1 first).
+	MetadataAttempt = "millpond_attempt"
+	// MetadataEventID is set on delivery to the row id.
+	MetadataEventID = "millpond_event_id"
+	// MetadataHandlerError is where a handler (or the RecordHandlerError
+	// middleware) leaves the error text that a Nack stores as last error.
+	MetadataHandlerError = "millpond_handler_error"
+)
+
+type txKey struct{}
+
+// ContextWithTx returns a context carrying the caller's open transaction
+// (pgx.Tx or *sql.Tx), for a Publisher made by NewContextPublisher. Set it
+// on each message with msg.SetContext.
+func ContextWithTx(ctx context.Context, tx any) context.Context {
+	return context.WithValue(ctx, txKey{}, tx)
+}
+
+// TxFromContext returns the transaction ContextWithTx stored.
+func TxFromContext(ctx context.Context) (any, bool) {
+	tx := ctx.Value(txKey{})
+	return tx, tx != nil
+}
+
+// Publisher is a Watermill message.Publisher that enqueues each message as
+// an outbox event inside a transaction: the topic is the stream, the message
+// UUID (or MetadataEventKey) the idempotency key, MetadataKind (or
+// MetadataCQRSName, or else the topic) the event kind, and the metadata is
+// stored and restored on delivery.
+type Publisher struct {
+	store *Store
+	mode  publishMode
+	tx    any
+
+	mu     sync.RWMutex
+	closed bool
+}
+
+type publishMode int
+
+const (
+	publishInTx publishMode = iota
+	publishFromContext
+	publishAutoCommit
+)
+
+// NewPublisher returns a Publisher bound to the caller's open transaction,
+// the way watermill-sql's publisher is built over a tx: construct one per
+// transaction; the events commit or roll back with it.
+func NewPublisher(store *Store, tx any) (*Publisher, error) {
+	if store == nil {
+		return nil, errors.New("outbox: new publisher: nil store")
+	}
+	if _, err := txExecutor(tx); err != nil {
+		return nil, fmt.Errorf("outbox: new publisher: %w", err)
+	}
+	return &Publisher{store: store, mode: publishInTx, tx: tx}, nil
+}
+
+// NewContextPublisher returns a long-lived Publisher that takes the
+// transaction from each message's context (see ContextWithTx) and refuses a
+// message without one with ErrNoTransaction.
+func NewContextPublisher(store *Store) (*Publisher, error) {
+	if store == nil {
+		return nil, errors.New("outbox: new publisher: nil store")
+	}
+	return &Publisher{store: store, mode: publishFromContext}, nil
+}
+
+// NewAutoCommitPublisher returns a Publisher that opens, and commits, its
+// own transaction for each Publish call (all messages of one call together).
+// Use it only for events that go with no write of the caller's; to make
+// data and events atomic use NewPublisher or NewContextPublisher.
+func NewAutoCommitPublisher(store *Store) (*Publisher, error) {
+	if store == nil {
+		return nil, errors.New("outbox: new publisher: nil store")
+	}
+	return &Publisher{store: store, mode: publishAutoCommit}, nil
+}
+
+// Publish enqueues the messages to the topic's stream. Publishing the same
+// UUID with the same kind and payload again is a no-op; with other content it
+// fails with ErrIdempotencyConflict.
+func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return ErrClosed
+	}
+	switch p.mode {
+	case publishAutoCommit:
+		return p.publishAutoCommit(topic, msgs)
+	default:
+		for _, msg := range msgs {
+			tx := p.tx
+			if p.mode == publishFromContext {
+				var ok bool
+				if tx, ok = TxFromContext(msg.Context()); !ok {
+					return fmt.Errorf("outbox: publish message %s: %w", msg.UUID, ErrNoTransaction)
+				}
+			}
+			ex, err := txExecutor(tx)
+			if err != nil {
+				return fmt.Errorf("outbox: publish message %s: %w", msg.UUID, err)
+			}
+			if _, err := p.store.core.Enqueue(msg.Context(), ex, EventFromMessage(topic, msg)); err != nil {
+				return fmt.Errorf("outbox: publish message %s: %w", msg.UUID, err)
+			}
+		}
+		return nil
+	}
+}
+
+func (p *Publisher) publishAutoCommit(topic string, msgs []*message.Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	ctx := msgs[0].Context()
+	tx, err := p.store.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("outbox: publish: begin: %w", err)
+	}
+	for _, msg := range msgs {
+		if _, err := p.store.core.Enqueue(ctx, tx, EventFromMessage(topic, msg)); err != nil {
+			_ = tx.Rollback()
+			return fmt.Errorf("outbox: publish message %s: %w", msg.UUID, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("outbox: publish: commit: %w", err)
+	}
+	return nil
+}
+
+// Close stops the Publisher from accepting messages. It never commits or
+// rolls back the caller's transaction.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	return nil
+}
+
+// EventFromMessage maps a Watermill message to the event it is stored as.
+func EventFromMessage(topic string, msg *message.Message) Event {
+	key := msg.Metadata.Get(MetadataEventKey)
+	if key == "" {
+		key = msg.UUID
+	}
+	kind := msg.Metadata.Get(MetadataKind)
+	if kind == "" {
+		kind = msg.Metadata.Get(MetadataCQRSName)
+	}
+	if kind == "" {
+		kind = topic
+	}
+	return Event{Stream: topic, Key: key, Kind: kind, Payload: msg.Payload, Metadata: msg.Metadata}
+}

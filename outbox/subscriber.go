@@ -1,0 +1,556 @@
+package outbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// SubscriberConfig configures a Subscriber. Zero values take the defaults.
+type SubscriberConfig struct {
+	// ConsumerGroup is the group whose delivery state this subscriber
+	// shares; "" is the default group. Subscribers of one group split the
+	// events; each group gets every event enqueued after it registered.
+	ConsumerGroup string
+	// Worker names this process in claimed rows; default host-pid-random.
+	Worker string
+	// BatchSize is the most events claimed at once (default 100).
+	BatchSize int
+	// MaxInFlight is how many messages a subscription hands out before
+	// their Ack or Nack (default 1: the next message waits for the
+	// previous one to be settled).
+	MaxInFlight int
+	// Lease is how long a claim holds before another worker may take the
+	// event; it is extended every Lease/3 while a message is unsettled
+	// (default 30 s, bound 1 s-1 h).
+	Lease time.Duration
+	// MaxAttempts dead-letters an event after this many claims (default 10).
+	MaxAttempts int
+	// Backoff gives the retry delay after a Nack of the given attempt
+	// (1 for the first). Default: 1 s doubling per attempt, at most 5 min.
+	Backoff func(attempt int) time.Duration
+	// PollInterval is how often an idle subscription looks for due events
+	// (default 1 s on PostgreSQL, where NOTIFY wakes it sooner; 50 ms
+	// elsewhere).
+	PollInterval time.Duration
+	// CloseTimeout is how long Close waits for messages already handed out
+	// to be acked or nacked before it cancels their contexts and returns
+	// (default 30 s). Their leases then expire and the events are retried.
+	CloseTimeout time.Duration
+	// Logger receives the subscriber's logs (default: none).
+	Logger watermill.LoggerAdapter
+}
+
+// DefaultBackoff doubles from 1 s per attempt, capped at 5 minutes.
+func DefaultBackoff(attempt int) time.Duration {
+	if attempt < 1 {
+		attempt = 1
+	}
+	if attempt > 9 {
+		return 5 * time.Minute
+	}
+	return min(time.Second<<(attempt-1), 5*time.Minute)
+}
+
+func (c *SubscriberConfig) setDefaults(listening bool) {
+	if c.Worker == "" {
+		c.Worker = defaultWorkerID()
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 100
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = 1
+	}
+	if c.Lease == 0 {
+		c.Lease = 30 * time.Second
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 10
+	}
+	if c.Backoff == nil {
+		c.Backoff = DefaultBackoff
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = 50 * time.Millisecond
+		if listening {
+			c.PollInterval = time.Second
+		}
+	}
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+}
+
+func (c *SubscriberConfig) validate() error {
+	probe := ClaimRequest{Stream: "probe", Group: c.ConsumerGroup, Worker: c.Worker, Limit: c.BatchSize, Lease: c.Lease, MaxAttempts: c.MaxAttempts}
+	if err := probe.Validate(); err != nil {
+		return err
+	}
+	if c.MaxInFlight < 1 || c.MaxInFlight > MaxBatch {
+		return fmt.Errorf("max in flight %d is outside 1-%d: %w", c.MaxInFlight, MaxBatch, ErrInvalidBatch)
+	}
+	if c.PollInterval < time.Millisecond {
+		return fmt.Errorf("poll interval %s is below 1ms", c.PollInterval)
+	}
+	if c.CloseTimeout < 0 {
+		return fmt.Errorf("close timeout %s is negative", c.CloseTimeout)
+	}
+	return nil
+}
+
+func defaultWorkerID() string {
+	host, _ := os.Hostname()
+	host = strings.Map(func(r rune) rune {
+		if r < 128 && (r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._:-", r)) {
+			return r
+		}
+		return '-'
+	}, host)
+	if len(host) > 64 {
+		host = host[:64]
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	if host == "" {
+		host = "worker"
+	}
+	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])
+}
+
+// Subscriber is a Watermill message.Subscriber over the outbox. Each
+// Subscribe claims due events of the topic in batches under a lease, hands
+// them out as messages, extends the lease while a message is unsettled, and
+// maps Ack to Acknowledge (batched) and Nack to Fail with Backoff (dead
+// letter at MaxAttempts). Delivery is at least once: a handler must be
+// idempotent, since an event whose lease expires is delivered again.
+type Subscriber struct {
+	store  *Store
+	config SubscriberConfig
+
+	mu      sync.Mutex
+	closed  bool
+	closing chan struct{}
+	subs    sync.WaitGroup
+}
+
+// NewSubscriber returns a Subscriber over the store.
+func NewSubscriber(store *Store, config SubscriberConfig) (*Subscriber, error) {
+	if store == nil {
+		return nil, errors.New("outbox: new subscriber: nil store")
+	}
+	config.setDefaults(store.wake.listening)
+	if err := config.validate(); err != nil {
+		return nil, fmt.Errorf("outbox: new subscriber: %w", err)
+	}
+	return &Subscriber{store: store, config: config, closing: make(chan struct{})}, nil
+}
+
+// SubscribeInitialize registers the consumer group for the topic, so events
+// published from now on are kept for it even before it subscribes.
+func (s *Subscriber) SubscribeInitialize(topic string) error {
+	return s.store.RegisterGroup(context.Background(), topic, s.config.ConsumerGroup)
+}
+
+// Subscribe registers the consumer group for the topic and returns the
+// channel of its messages. The channel closes when ctx ends or Close is
+// called, after messages already handed out are settled (see CloseTimeout).
+func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
+	if err := s.store.RegisterGroup(ctx, topic, s.config.ConsumerGroup); err != nil {
+		return nil, fmt.Errorf("outbox: subscribe: %w", err)
+	}
+	sub := newSubscription(ctx, s, topic)
+	s.subs.Add(1)
+	go func() {
+		defer s.subs.Done()
+		sub.run()
+	}()
+	return sub.out, nil
+}
+
+// Close stops every subscription: no more claims; events claimed but not
+// handed out are released at once; messages handed out may still be acked or
+// nacked for CloseTimeout; then pending acks are written and the channels
+// close. Close is safe to call more than once.
+func (s *Subscriber) Close() error {
+	s.mu.Lock()
+	if !s.closed {
+		s.closed = true
+		close(s.closing)
+	}
+	s.mu.Unlock()
+	s.subs.Wait()
+	return nil
+}
+
+// subscription is one Subscribe call: a claimer, MaxInFlight dispatchers,
+// an acknowledger and a lease extender.
+type subscription struct {
+	s      *Subscriber
+	cfg    *SubscriberConfig
+	store  *Store
+	topic  string
+	ctx    context.Context // the Subscribe context: values and cancellation
+	stop   chan struct{}   // closed when the subscription must stop claiming
+	out    chan *message.Message
+	queue  chan Claimed  // claimed, not yet handed out
+	taken  chan struct{} // a dispatcher took from queue
+	acks   chan Receipt
+	logger watermill.LoggerAdapter
+
+	mu   sync.Mutex
+	held map[int64]Receipt // every claimed, unsettled event (for lease extension)
+}
+
+func newSubscription(ctx context.Context, s *Subscriber, topic string) *subscription {
+	return &subscription{
+		s: s, cfg: &s.config, store: s.store, topic: topic, ctx: ctx,
+		stop:   make(chan struct{}),
+		out:    make(chan *message.Message),
+		queue:  make(chan Claimed, s.config.BatchSize),
+		taken:  make(chan struct{}, 1),
+		acks:   make(chan Receipt, 2*s.config.BatchSize+s.config.MaxInFlight),
+		logger: s.config.Logger.With(watermill.LogFields{"topic": topic, "consumer_group": s.config.ConsumerGroup}),
+		held:   map[int64]Receipt{},
+	}
+}
+
+func (sub *subscription) run() {
+	go func() {
+		select {
+		case <-sub.ctx.Done():
+		case <-sub.s.closing:
+		}
+		close(sub.stop)
+	}()
+
+	var claimerDone, dispatchers, background sync.WaitGroup
+	claimerDone.Add(1)
+	go func() { defer claimerDone.Done(); sub.claimLoop() }()
+	for range sub.cfg.MaxInFlight {
+		dispatchers.Add(1)
+		go func() { defer dispatchers.Done(); sub.dispatchLoop() }()
+	}
+	ackDone := make(chan struct{})
+	go func() { defer close(ackDone); sub.ackLoop() }()
+	extendStop := make(chan struct{})
+	background.Add(1)
+	go func() { defer background.Done(); sub.extendLoop(extendStop) }()
+
+	claimerDone.Wait()
+	// The claimer has stopped: nothing more enters the queue.
+	dispatchers.Wait()
+	close(sub.queue)
+	sub.releaseQueued()
+	close(sub.acks)
+	<-ackDone
+	close(extendStop)
+	background.Wait()
+	close(sub.out)
+}
+
+// claimLoop claims as many events as the queue has room for, and waits for a
+// wake-up, the poll interval or room when there is nothing to do.
+func (sub *subscription) claimLoop() {
+	wake, unsubscribe := sub.store.wake.subscribe(sub.topic)
+	defer unsubscribe()
+	poll := time.NewTimer(0)
+	defer poll.Stop()
+	failures := 0
+	for {
+		room := cap(sub.queue) - len(sub.queue)
+		if room < max(1, cap(sub.queue)/4) {
+			select {
+			case <-sub.stop:
+				return
+			case <-sub.taken:
+				continue
+			}
+		}
+		claimed, err := sub.store.Claim(context.WithoutCancel(sub.ctx), ClaimRequest{
+			Stream: sub.topic, Group: sub.cfg.ConsumerGroup, Worker: sub.cfg.Worker,
+			Limit: room, Lease: sub.cfg.Lease, MaxAttempts: sub.cfg.MaxAttempts,
+		})
+		if err != nil {
+			failures++
+			delay := min(sub.cfg.PollInterval*time.Duration(1<<min(failures, 7)), 5*time.Second)
+			sub.logger.Error("Claim failed; retrying", err, watermill.LogFields{"retry_in": delay.String()})
+			if !sleep(sub.stop, delay) {
+				return
+			}
+			continue
+		}
+		failures = 0
+		sub.mu.Lock()
+		for _, c := range claimed {
+			sub.held[c.ID] = c.Receipt()
+		}
+		sub.mu.Unlock()
+		for _, c := range claimed {
+			sub.queue <- c // never blocks: only this goroutine adds, and room was free
+		}
+		select {
+		case <-sub.stop:
+			return
+		default:
+		}
+		if len(claimed) == room {
+			continue // more may be due right now
+		}
+		poll.Reset(sub.cfg.PollInterval)
+		select {
+		case <-sub.stop:
+			return
+		case <-wake:
+		case <-poll.C:
+		}
+	}
+}
+
+func sleep(stop <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-stop:
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// dispatchLoop hands queued events out one at a time and settles each.
+func (sub *subscription) dispatchLoop() {
+	for {
+		select {
+		case <-sub.stop:
+			return
+		default:
+		}
+		var c Claimed
+		select {
+		case <-sub.stop:
+			return
+		case c = <-sub.queue:
+		}
+		select {
+		case sub.taken <- struct{}{}:
+		default:
+		}
+		if !sub.deliver(c) {
+			return
+		}
+	}
+}
+
+// deliver sends one message and waits for its Ack or Nack. It returns false
+// when the subscription is stopping.
+func (sub *subscription) deliver(c Claimed) bool {
+	msg := message.NewMessage(c.Key, c.Payload)
+	for k, v := range c.Metadata {
+		msg.Metadata.Set(k, v)
+	}
+	msg.Metadata.Set(MetadataKind, c.Kind)
+	if msg.Metadata.Get(MetadataCQRSName) == "" {
+		msg.Metadata.Set(MetadataCQRSName, c.Kind)
+	}
+	msg.Metadata.Set(MetadataAttempt, strconv.Itoa(c.Attempts))
+	msg.Metadata.Set(MetadataEventID, strconv.FormatInt(c.ID, 10))
+	ctx, cancel := context.WithCancel(sub.ctx)
+	defer cancel()
+	msg.SetContext(ctx)
+
+	select {
+	case sub.out <- msg:
+	case <-sub.stop:
+		sub.release(c.Receipt())
+		return false
+	}
+
+	var grace <-chan time.Time
+	stopping := sub.stop
+	for {
+		select {
+		case <-msg.Acked():
+			sub.acks <- c.Receipt()
+			return true
+		case <-msg.Nacked():
+			sub.fail(c, msg)
+			return true
+		case <-stopping:
+			// Let the handler finish: Ack and Nack still count until the
+			// close timeout.
+			stopping = nil
+			timer := time.NewTimer(sub.cfg.CloseTimeout)
+			defer timer.Stop()
+			grace = timer.C
+		case <-grace:
+			sub.logger.Info("Message not settled before the close timeout; its lease will expire and it will be retried", watermill.LogFields{"event_id": c.ID})
+			sub.forget(c.ID)
+			return false
+		}
+	}
+}
+
+func (sub *subscription) forget(ids ...int64) {
+	sub.mu.Lock()
+	for _, id := range ids {
+		delete(sub.held, id)
+	}
+	sub.mu.Unlock()
+}
+
+// fail records a Nack: retry after Backoff or dead-letter at the limit.
+func (sub *subscription) fail(c Claimed, msg *message.Message) {
+	defer sub.forget(c.ID)
+	reason := msg.Metadata.Get(MetadataHandlerError)
+	if reason == "" {
+		reason = "message nacked by handler"
+	}
+	delay := min(max(sub.cfg.Backoff(c.Attempts), 0), MaxDelay)
+	f := Failure{Reason: SanitizeErrorText(reason), MaxAttempts: sub.cfg.MaxAttempts, RetryDelay: delay}
+	err := retry(sub.stop, func() error {
+		out, err := sub.store.Fail(context.WithoutCancel(sub.ctx), c.Receipt(), f)
+		if err == nil && out.DeadLettered {
+			sub.logger.Info("Event dead-lettered at the attempt limit", watermill.LogFields{"event_id": c.ID, "attempts": c.Attempts})
+		}
+		return err
+	})
+	if errors.Is(err, ErrStaleClaim) {
+		sub.logger.Info("Nack of an event whose lease was lost; it is retried elsewhere", watermill.LogFields{"event_id": c.ID})
+	} else if err != nil {
+		sub.logger.Error("Could not record Nack; the lease will expire and the event will be retried", err, watermill.LogFields{"event_id": c.ID})
+	}
+}
+
+// retry runs op until it succeeds, fails with a stale claim, or three
+// attempts have failed.
+func retry(stop <-chan struct{}, op func() error) error {
+	var err error
+	for attempt := range 3 {
+		if err = op(); err == nil || errors.Is(err, ErrStaleClaim) {
+			return err
+		}
+		select {
+		case <-stop:
+		case <-time.After(time.Duration(50<<attempt) * time.Millisecond):
+		}
+	}
+	return err
+}
+
+func (sub *subscription) release(rs ...Receipt) {
+	if len(rs) == 0 {
+		return
+	}
+	ids := make([]int64, len(rs))
+	for i, r := range rs {
+		ids[i] = r.ID
+	}
+	defer sub.forget(ids...)
+	for start := 0; start < len(rs); start += MaxBatch {
+		chunk := rs[start:min(start+MaxBatch, len(rs))]
+		if _, err := sub.store.Release(context.WithoutCancel(sub.ctx), chunk...); err != nil {
+			sub.logger.Error("Could not release claimed events; their leases will expire", err, watermill.LogFields{"events": len(chunk)})
+		}
+	}
+}
+
+// releaseQueued hands back everything claimed but never handed out.
+func (sub *subscription) releaseQueued() {
+	var rs []Receipt
+	for c := range sub.queue {
+		rs = append(rs, c.Receipt())
+	}
+	sub.release(rs...)
+}
+
+// ackLoop writes acks in batches: it waits for one, takes every other ack
+// already waiting, and writes them in one statement.
+func (sub *subscription) ackLoop() {
+	batch := make([]Receipt, 0, MaxBatch)
+	for r := range sub.acks {
+		batch = append(batch[:0], r)
+	more:
+		for len(batch) < MaxBatch {
+			select {
+			case r, ok := <-sub.acks:
+				if !ok {
+					break more
+				}
+				batch = append(batch, r)
+			default:
+				break more
+			}
+		}
+		sub.flushAcks(batch)
+	}
+}
+
+func (sub *subscription) flushAcks(batch []Receipt) {
+	ids := make([]int64, len(batch))
+	for i, r := range batch {
+		ids[i] = r.ID
+	}
+	defer sub.forget(ids...)
+	var stale []Receipt
+	err := retry(nil, func() error {
+		var err error
+		stale, err = sub.store.AcknowledgeBatch(context.WithoutCancel(sub.ctx), batch)
+		return err
+	})
+	if err != nil {
+		sub.logger.Error("Could not record acks; the events will be delivered again after their leases expire", err, watermill.LogFields{"events": len(batch)})
+		return
+	}
+	if len(stale) > 0 {
+		sub.logger.Info("Acked events had lost their leases and may be delivered again", watermill.LogFields{"events": len(stale)})
+	}
+}
+
+// extendLoop renews the lease of every held event every Lease/3.
+func (sub *subscription) extendLoop(stop <-chan struct{}) {
+	ticker := time.NewTicker(sub.cfg.Lease / 3)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-ticker.C:
+		}
+		sub.mu.Lock()
+		rs := make([]Receipt, 0, len(sub.held))
+		for _, r := range sub.held {
+			rs = append(rs, r)
+		}
+		sub.mu.Unlock()
+		for start := 0; start < len(rs); start += MaxBatch {
+			chunk := rs[start:min(start+MaxBatch, len(rs))]
+			_, stale, err := sub.store.ExtendBatch(context.WithoutCancel(sub.ctx), chunk, sub.cfg.Lease)
+			if err != nil {
+				sub.logger.Error("Could not extend leases", err, watermill.LogFields{"events": len(chunk)})
+				continue
+			}
+			if len(stale) > 0 {
+				sub.logger.Info("Some held events lost their leases and may be delivered elsewhere", watermill.LogFields{"events": len(stale)})
+			}
+		}
+	}
+}
