@@ -28,6 +28,10 @@ const (
 	// MetadataHandlerError is where a handler (or the RecordHandlerError
 	// middleware) leaves the error text that a Nack stores as last error.
 	MetadataHandlerError = "millpond_handler_error"
+	// MetadataDeadLetterNow, set to any value by a handler before a Nack,
+	// dead-letters the event at once instead of retrying it (for failures
+	// that no retry can fix, such as a payload that does not decode).
+	MetadataDeadLetterNow = "millpond_dead_letter_now"
 )
 
 type txKey struct{}

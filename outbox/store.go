@@ -11,6 +11,7 @@ import (
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/millpond/millpond/internal/sqlcore"
 )
@@ -29,6 +30,7 @@ type Store struct {
 	mu     sync.Mutex
 	closed bool
 	stop   context.CancelFunc
+	sqlDB  *sql.DB // PostgreSQL: database/sql over the pool, made on first use
 }
 
 // Option configures a Store.
@@ -108,7 +110,12 @@ func NewMySQL(db *sql.DB, opts ...Option) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("outbox: nil database")
 	}
-	return newStore(sqlcore.MySQL, newDatabase(wsql.BeginnerFromStdSQL(db)), buildOptions(opts))
+	s, err := newStore(sqlcore.MySQL, newDatabase(wsql.BeginnerFromStdSQL(db)), buildOptions(opts))
+	if err != nil {
+		return nil, err
+	}
+	s.sqlDB = db
+	return s, nil
 }
 
 // NewSQLite returns a Store over a modernc.org/sqlite database. The database
@@ -118,8 +125,29 @@ func NewSQLite(db *sql.DB, opts ...Option) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("outbox: nil database")
 	}
-	return newStore(sqlcore.SQLite, newDatabase(wsql.BeginnerFromStdSQL(db)), buildOptions(opts))
+	s, err := newStore(sqlcore.SQLite, newDatabase(wsql.BeginnerFromStdSQL(db)), buildOptions(opts))
+	if err != nil {
+		return nil, err
+	}
+	s.sqlDB = db
+	return s, nil
 }
+
+// SQLDB returns a database/sql handle on the store's own connections, for
+// the application's domain writes in the same transaction as its events:
+// the *sql.DB given to NewMySQL or NewSQLite, or on PostgreSQL a handle over
+// the pgx pool (pgx's stdlib.OpenDBFromPool).
+func (s *Store) SQLDB() *sql.DB {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sqlDB == nil && s.pool != nil {
+		s.sqlDB = stdlib.OpenDBFromPool(s.pool)
+	}
+	return s.sqlDB
+}
+
+// Pool returns the pgx pool of a PostgreSQL store, or nil.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
 // Dialect names the store's database: "postgres", "mysql" or "sqlite".
 func (s *Store) Dialect() string { return string(s.core.Dialect()) }
@@ -136,6 +164,9 @@ func (s *Store) Close() error {
 	s.closed = true
 	if s.stop != nil {
 		s.stop()
+	}
+	if s.pool != nil && s.sqlDB != nil {
+		_ = s.sqlDB.Close() // the handle over the pool; the pool stays open
 	}
 	if s.closer != nil {
 		return s.closer()
@@ -299,10 +330,11 @@ func (s *Store) Stats(ctx context.Context) ([]StreamStats, error) {
 	return out, nil
 }
 
-// RegisterGroup durably subscribes a consumer group to a stream; events
-// enqueued from then on get a delivery row for the group. Idempotent.
-func (s *Store) RegisterGroup(ctx context.Context, stream, group string) error {
-	if err := s.core.RegisterGroup(ctx, stream, group); err != nil {
+// RegisterGroup durably subscribes a consumer group to a stream, for the
+// given event kinds or, with none, for all kinds; matching events enqueued
+// from then on get a delivery row for the group. Idempotent.
+func (s *Store) RegisterGroup(ctx context.Context, stream, group string, kinds ...string) error {
+	if err := s.core.RegisterGroup(ctx, stream, group, kinds...); err != nil {
 		return fmt.Errorf("outbox: register group: %w", err)
 	}
 	return nil

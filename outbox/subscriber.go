@@ -22,6 +22,15 @@ type SubscriberConfig struct {
 	// shares; "" is the default group. Subscribers of one group split the
 	// events; each group gets every event enqueued after it registered.
 	ConsumerGroup string
+	// Kinds limits the group's subscription to these event kinds; empty
+	// means every kind of the topic. Events of a stream that no group
+	// subscribes to (for their kind) go to the default group "".
+	Kinds []string
+	// SkipRegistration consumes the group's rows without subscribing the
+	// group to the topic. Use it for the default group "" to process the
+	// events that no registered group takes (the bus does, for its
+	// unrouted-event policy); registering "" would give it every event.
+	SkipRegistration bool
 	// Worker names this process in claimed rows; default host-pid-random.
 	Worker string
 	// BatchSize is the most events claimed at once (default 100).
@@ -162,7 +171,10 @@ func NewSubscriber(store *Store, config SubscriberConfig) (*Subscriber, error) {
 // SubscribeInitialize registers the consumer group for the topic, so events
 // published from now on are kept for it even before it subscribes.
 func (s *Subscriber) SubscribeInitialize(topic string) error {
-	return s.store.RegisterGroup(context.Background(), topic, s.config.ConsumerGroup)
+	if s.config.SkipRegistration {
+		return nil
+	}
+	return s.store.RegisterGroup(context.Background(), topic, s.config.ConsumerGroup, s.config.Kinds...)
 }
 
 // Subscribe registers the consumer group for the topic and returns the
@@ -174,8 +186,10 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if s.closed {
 		return nil, ErrClosed
 	}
-	if err := s.store.RegisterGroup(ctx, topic, s.config.ConsumerGroup); err != nil {
-		return nil, fmt.Errorf("outbox: subscribe: %w", err)
+	if !s.config.SkipRegistration {
+		if err := s.store.RegisterGroup(ctx, topic, s.config.ConsumerGroup, s.config.Kinds...); err != nil {
+			return nil, fmt.Errorf("outbox: subscribe: %w", err)
+		}
 	}
 	sub := newSubscription(ctx, s, topic)
 	s.subs.Add(1)
@@ -373,7 +387,11 @@ func (sub *subscription) deliver(c Claimed) bool {
 	}
 	msg.Metadata.Set(MetadataAttempt, strconv.Itoa(c.Attempts))
 	msg.Metadata.Set(MetadataEventID, strconv.FormatInt(c.ID, 10))
-	ctx, cancel := context.WithCancel(sub.ctx)
+	// The message context keeps the Subscribe context's values but not its
+	// cancellation: a router cancels that context as soon as it starts
+	// closing, and a handler already running should be allowed to finish.
+	// It is cancelled once the message is settled or the close timeout ends.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(sub.ctx))
 	defer cancel()
 	msg.SetContext(ctx)
 
@@ -426,6 +444,9 @@ func (sub *subscription) fail(c Claimed, msg *message.Message) {
 	}
 	delay := min(max(sub.cfg.Backoff(c.Attempts), 0), MaxDelay)
 	f := Failure{Reason: SanitizeErrorText(reason), MaxAttempts: sub.cfg.MaxAttempts, RetryDelay: delay}
+	if msg.Metadata.Get(MetadataDeadLetterNow) != "" {
+		f.MaxAttempts = min(max(c.Attempts, 1), MaxAttempts) // retrying cannot help
+	}
 	err := retry(sub.stop, func() error {
 		out, err := sub.store.Fail(context.WithoutCancel(sub.ctx), c.Receipt(), f)
 		if err == nil && out.DeadLettered {

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -151,6 +152,10 @@ func (c *Core) Enqueue(ctx context.Context, tx Executor, ev Event) (Enqueued, er
 	})
 	var id int64
 	if c.dialect == MySQL {
+		found, err := c.lookup(ctx, tx, c.stmts.existing, ev, hash)
+		if err != nil || found.ID > 0 {
+			return found, err
+		}
 		res, err := tx.ExecContext(ctx, c.stmts.enqueue.text, args...)
 		if err != nil {
 			return Enqueued{}, err
@@ -191,16 +196,23 @@ func (c *Core) Enqueue(ctx context.Context, tx Executor, ev Event) (Enqueued, er
 
 // existing resolves an enqueue that hit its idempotency key.
 func (c *Core) existing(ctx context.Context, tx Executor, ev Event, hash string) (Enqueued, error) {
-	rows, err := tx.QueryContext(ctx, c.stmts.existing.text, c.stmts.existing.args(map[string]any{"stream": ev.Stream, "key": ev.Key})...)
+	res, err := c.lookup(ctx, tx, c.stmts.existing, ev, hash)
+	if err == nil && res.ID == 0 {
+		err = errors.New("event was neither inserted nor found")
+	}
+	return res, err
+}
+
+// lookup runs q, which selects the id and content hash of the event's
+// row, and compares the content. No row gives a zero Enqueued.
+func (c *Core) lookup(ctx context.Context, tx Executor, q query, ev Event, hash string) (Enqueued, error) {
+	rows, err := tx.QueryContext(ctx, q.text, q.args(map[string]any{"stream": ev.Stream, "key": ev.Key})...)
 	if err != nil {
 		return Enqueued{}, err
 	}
 	defer rows.Close()
 	if !rows.Next() {
-		if err := rowsErr(rows); err != nil {
-			return Enqueued{}, err
-		}
-		return Enqueued{}, errors.New("event was neither inserted nor found")
+		return Enqueued{}, rowsErr(rows)
 	}
 	var id int64
 	var stored string
@@ -377,33 +389,30 @@ func (c *Core) AcknowledgeBatch(ctx context.Context, rs []Receipt) (stale []Rece
 	return stale, nil
 }
 
+// ackMySQL locks the rows that the receipts still own under a live lease,
+// then marks exactly those delivered. MySQL has no RETURNING, and telling
+// afterwards which rows one UPDATE changed is ambiguous (a row acknowledged
+// earlier at the same instant looks the same), so the lock decides.
 func (c *Core) ackMySQL(ctx context.Context, rs []Receipt) (map[int64]bool, error) {
-	settled := map[int64]bool{}
-	err := inTx(ctx, c.db, nil, func(tx Tx) error {
-		clear(settled)
-		now, err := c.resolveNow(ctx, tx)
-		if err != nil {
-			return err
-		}
+	var settled map[int64]bool
+	err := inTx(ctx, c.db, &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
 		text, extra := expandPairs(c.dialect, c.stmts.ack.text, rs)
-		res, err := tx.ExecContext(ctx, text, append(c.stmts.ack.args(map[string]any{"now": now}), extra...)...)
+		live, err := c.queryIDs(ctx, tx, text, append(c.stmts.ack.args(map[string]any{"now": c.nowArg()}), extra...))
 		if err != nil {
 			return err
 		}
-		if n, _ := res.RowsAffected(); int(n) == len(rs) {
-			for _, r := range rs {
-				settled[r.ID] = true
-			}
+		settled = live
+		if len(live) == 0 {
 			return nil
 		}
-		text, extra = expandPairs(c.dialect, c.stmts.ackCheck.text, rs)
-		got, err := c.queryIDs(ctx, tx, text, append(c.stmts.ackCheck.args(map[string]any{"now": now}), extra...))
-		for id := range got {
-			settled[id] = true
-		}
+		text, extra = expandIDs(c.stmts.ackMark.text, slices.Collect(maps.Keys(live)))
+		_, err = tx.ExecContext(ctx, text, append(c.stmts.ackMark.args(map[string]any{"now": c.nowArg()}), extra...)...)
 		return err
 	})
-	return settled, err
+	if err != nil {
+		return nil, err
+	}
+	return settled, nil
 }
 
 func splitReceipts(rs []Receipt) ([]int64, []string) {
@@ -706,19 +715,35 @@ func (c *Core) Stats(ctx context.Context) ([]StreamStats, error) {
 	return out, rows.Close()
 }
 
-// RegisterGroup durably subscribes a consumer group to a stream: from then
-// on every event enqueued to the stream gets a delivery row for the group.
+// RegisterGroup durably subscribes a consumer group to a stream, for the
+// given event kinds or, with none, for every kind: from then on every
+// matching event enqueued to the stream gets a delivery row for the group.
 // It is idempotent.
-func (c *Core) RegisterGroup(ctx context.Context, stream, group string) error {
+func (c *Core) RegisterGroup(ctx context.Context, stream, group string, kinds ...string) error {
 	if err := ValidateKey("stream", stream); err != nil {
 		return err
 	}
 	if err := ValidateGroup(group); err != nil {
 		return err
 	}
+	if len(kinds) == 0 {
+		kinds = []string{""}
+	}
+	for _, kind := range kinds {
+		if kind == "" {
+			continue
+		}
+		if err := ValidateKey("event kind", kind); err != nil {
+			return err
+		}
+	}
 	st := c.stmts.register
-	_, err := c.db.ExecContext(ctx, st.text, st.args(map[string]any{"stream": stream, "group": group, "now": c.nowArg()})...)
-	return err
+	for _, kind := range kinds {
+		if _, err := c.db.ExecContext(ctx, st.text, st.args(map[string]any{"stream": stream, "group": group, "kind": kind, "now": c.nowArg()})...); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // UnregisterGroup removes a group's subscription; rows already written for

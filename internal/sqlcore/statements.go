@@ -17,7 +17,7 @@ type statements struct {
 	claimDead     query // MySQL: dead-letter exhausted rows of the batch ({ids})
 	claimUpdate   string
 	ack           query
-	ackCheck      query // MySQL: which receipts this ack settled ({pairs})
+	ackMark       query // MySQL: mark the live rows that ack locked delivered ({ids})
 	fail          query
 	failStatus    query
 	extend        query
@@ -41,7 +41,6 @@ func newStatements(d Dialect) *statements {
 	s := &statements{}
 	c := d.compile
 	s.now = c("SELECT @now")
-	s.existing = c("SELECT id, content_hash FROM millpond_outbox WHERE stream = @stream AND event_key = @key ORDER BY id LIMIT 1")
 	s.listDead = c(`SELECT id, stream, consumer_group, event_key, event_kind, attempts, last_error, created_at
 FROM millpond_outbox
 WHERE status = 'dead_letter' AND stream = @stream AND (@all_groups OR consumer_group = @group) AND id > @after
@@ -59,14 +58,26 @@ ORDER BY stream, consumer_group`)
 	s.unregister = c("DELETE FROM millpond_subscriptions WHERE stream = @stream AND consumer_group = @group")
 	s.appliedSQL = "SELECT version FROM millpond_schema_migrations"
 
-	groups := `SELECT consumer_group FROM millpond_subscriptions WHERE stream = @stream
-  UNION ALL SELECT '' %s WHERE NOT EXISTS (SELECT 1 FROM millpond_subscriptions WHERE stream = @stream)`
+	// The delivery rows of an event: one per group subscribed to the stream
+	// for all kinds ('') or for the event's kind; the default group when
+	// there is none, so no event is dropped.
+	groups := `SELECT DISTINCT consumer_group FROM millpond_subscriptions WHERE stream = @stream AND event_kind IN ('', @kind)
+  UNION ALL SELECT '' %s WHERE NOT EXISTS (SELECT 1 FROM millpond_subscriptions WHERE stream = @stream AND event_kind IN ('', @kind))`
+	// An event is known when a group subscribed to the stream, or the
+	// default group, already holds its key: enqueuing it again after a group
+	// registered must neither hand the old event to the new group nor skip
+	// the content check. One unique-index probe per group keeps this cheap
+	// (a lookup by stream and key alone would scan the stream's rows).
+	known := `FROM millpond_outbox k WHERE k.stream = @stream AND k.event_key = @key
+  AND k.consumer_group IN (SELECT consumer_group FROM millpond_subscriptions WHERE stream = @stream UNION ALL SELECT '')`
+	s.existing = c("SELECT k.id, k.content_hash " + known + "\nORDER BY k.id LIMIT 1")
 	insertCols := "INSERT INTO millpond_outbox (stream, consumer_group, event_key, event_kind, payload, metadata, content_hash, status, available_at, created_at)\n"
 
 	switch d {
 	case Postgres:
 		s.enqueue = c(insertCols + `SELECT @stream::VARCHAR, g.consumer_group, @key::VARCHAR, @kind::VARCHAR, @payload::BYTEA, @metadata::TEXT, @hash::CHAR(64), 'pending', @now + @delay::BIGINT, @now
 FROM (` + strings.Replace(groups, "%s", "", 1) + `) g
+WHERE NOT EXISTS (SELECT 1 ` + known + `)
 ON CONFLICT (stream, consumer_group, event_key) DO NOTHING
 RETURNING id`)
 		s.claim = c(`WITH due AS (
@@ -107,7 +118,7 @@ WHERE status = 'dead_letter' AND stream = @stream AND id = ANY(@ids::BIGINT[])`)
 		s.purge = c(`DELETE FROM millpond_outbox WHERE id IN (
   SELECT id FROM millpond_outbox WHERE status = 'delivered' AND delivered_at < @now - @horizon::BIGINT
   ORDER BY delivered_at LIMIT @limit)`)
-		s.register = c("INSERT INTO millpond_subscriptions (stream, consumer_group, created_at) VALUES (@stream, @group, @now) ON CONFLICT DO NOTHING")
+		s.register = c("INSERT INTO millpond_subscriptions (stream, consumer_group, event_kind, created_at) VALUES (@stream, @group, @kind, @now) ON CONFLICT DO NOTHING")
 		s.migrationsDDL = "CREATE TABLE IF NOT EXISTS millpond_schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR(128) NOT NULL, applied_at BIGINT NOT NULL)"
 		s.recordSQL = "INSERT INTO millpond_schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)"
 
@@ -115,17 +126,25 @@ WHERE status = 'dead_letter' AND stream = @stream AND id = ANY(@ids::BIGINT[])`)
 		s.enqueue = c(insertCols + `SELECT @stream, g.consumer_group, @key, @kind, @payload, @metadata, @hash, 'pending', @now + @delay, @now
 FROM (` + strings.Replace(groups, "%s", "FROM DUAL", 1) + `) g
 ON DUPLICATE KEY UPDATE millpond_outbox.id = millpond_outbox.id`)
+		// In REPEATABLE READ an INSERT ... SELECT share-locks the rows and gaps
+		// it reads, so concurrent enqueues would deadlock on a known-event
+		// probe inside it; MySQL runs the probe first as a plain (lock-free)
+		// read instead (Core.Enqueue).
 		s.claimSelect = c(`SELECT ` + claimColumns + `, status FROM millpond_outbox
 WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'processing') AND available_at <= @now
 ORDER BY id LIMIT @limit
 FOR UPDATE SKIP LOCKED`)
-		s.claimDead = c(`UPDATE millpond_outbox SET status = 'dead_letter', claimed_by = @worker, claim_key = '',
-  last_error = CASE WHEN status = 'processing' THEN '` + lastErrorLeaseExpired + `' ELSE last_error END
+		// MySQL evaluates SET assignments left to right, each seeing the
+		// columns already assigned: last_error must read the old status.
+		s.claimDead = c(`UPDATE millpond_outbox SET
+  last_error = CASE WHEN status = 'processing' THEN '` + lastErrorLeaseExpired + `' ELSE last_error END,
+  status = 'dead_letter', claimed_by = @worker, claim_key = ''
 WHERE id IN ({ids})`)
 		s.claimUpdate = "UPDATE millpond_outbox SET status = 'processing', attempts = attempts + 1, claimed_by = ?, available_at = ?, claim_key = CASE id {cases} END WHERE id IN ({ids})"
-		s.ack = c(`UPDATE millpond_outbox SET status = 'delivered', delivered_at = @now
-WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})`)
-		s.ackCheck = c(`SELECT id FROM millpond_outbox WHERE status = 'delivered' AND delivered_at = @now AND (id, claim_key) IN ({pairs})`)
+		s.ack = c(`SELECT id FROM millpond_outbox
+WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})
+FOR UPDATE`)
+		s.ackMark = c(`UPDATE millpond_outbox SET status = 'delivered', delivered_at = @now WHERE id IN ({ids})`)
 		s.fail = c(`UPDATE millpond_outbox SET
   status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'pending' END,
   available_at = @now + @delay, last_error = @reason
@@ -139,13 +158,14 @@ WHERE status = 'processing' AND (id, claim_key) IN ({pairs})`)
 		s.requeue = c(`UPDATE millpond_outbox SET status = 'pending', attempts = 0, available_at = @now, last_error = ''
 WHERE status = 'dead_letter' AND stream = @stream AND id IN ({ids})`)
 		s.purge = c(`DELETE FROM millpond_outbox WHERE status = 'delivered' AND delivered_at < @now - @horizon ORDER BY delivered_at LIMIT @limit`)
-		s.register = c("INSERT INTO millpond_subscriptions (stream, consumer_group, created_at) VALUES (@stream, @group, @now) ON DUPLICATE KEY UPDATE stream = stream")
+		s.register = c("INSERT INTO millpond_subscriptions (stream, consumer_group, event_kind, created_at) VALUES (@stream, @group, @kind, @now) ON DUPLICATE KEY UPDATE stream = stream")
 		s.migrationsDDL = "CREATE TABLE IF NOT EXISTS millpond_schema_migrations (version INT PRIMARY KEY, name VARCHAR(128) NOT NULL, applied_at BIGINT NOT NULL) ENGINE=InnoDB"
 		s.recordSQL = "INSERT INTO millpond_schema_migrations (version, name, applied_at) VALUES (?, ?, ?)"
 
 	case SQLite:
 		s.enqueue = c(insertCols + `SELECT @stream, g.consumer_group, @key, @kind, @payload, @metadata, @hash, 'pending', @now + @delay, @now
-FROM (` + strings.Replace(groups, "%s", "", 1) + `) AS g WHERE true
+FROM (` + strings.Replace(groups, "%s", "", 1) + `) AS g
+WHERE NOT EXISTS (SELECT 1 ` + known + `)
 ON CONFLICT (stream, consumer_group, event_key) DO NOTHING
 RETURNING id`)
 		s.claim = c(`UPDATE millpond_outbox SET
@@ -178,7 +198,7 @@ WHERE status = 'dead_letter' AND stream = @stream AND id IN ({ids})`)
 		s.purge = c(`DELETE FROM millpond_outbox WHERE id IN (
   SELECT id FROM millpond_outbox WHERE status = 'delivered' AND delivered_at < @now - @horizon
   ORDER BY delivered_at LIMIT @limit)`)
-		s.register = c("INSERT INTO millpond_subscriptions (stream, consumer_group, created_at) VALUES (@stream, @group, @now) ON CONFLICT DO NOTHING")
+		s.register = c("INSERT INTO millpond_subscriptions (stream, consumer_group, event_kind, created_at) VALUES (@stream, @group, @kind, @now) ON CONFLICT DO NOTHING")
 		s.migrationsDDL = "CREATE TABLE IF NOT EXISTS millpond_schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)"
 		s.recordSQL = "INSERT INTO millpond_schema_migrations (version, name, applied_at) VALUES (?, ?, ?)"
 	}

@@ -22,6 +22,7 @@ CREATE TABLE IF NOT EXISTS millpond_outbox (
 CREATE TABLE IF NOT EXISTS millpond_subscriptions (
     stream         VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
     consumer_group VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    event_kind     VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL DEFAULT '',
     created_at     BIGINT NOT NULL,
-    PRIMARY KEY (stream, consumer_group)
+    PRIMARY KEY (stream, consumer_group, event_kind)
 ) ENGINE=InnoDB;

@@ -27,8 +27,9 @@ CREATE INDEX IF NOT EXISTS millpond_outbox_delivered_idx ON millpond_outbox (del
 CREATE TABLE IF NOT EXISTS millpond_subscriptions (
     stream         VARCHAR(128) NOT NULL,
     consumer_group VARCHAR(128) NOT NULL,
+    event_kind     VARCHAR(128) NOT NULL DEFAULT '',
     created_at     BIGINT NOT NULL,
-    PRIMARY KEY (stream, consumer_group)
+    PRIMARY KEY (stream, consumer_group, event_kind)
 );
 CREATE OR REPLACE FUNCTION millpond_outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

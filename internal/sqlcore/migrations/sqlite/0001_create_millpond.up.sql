@@ -26,6 +26,7 @@ CREATE INDEX IF NOT EXISTS millpond_outbox_delivered_idx ON millpond_outbox (del
 CREATE TABLE IF NOT EXISTS millpond_subscriptions (
     stream         TEXT NOT NULL,
     consumer_group TEXT NOT NULL,
+    event_kind     TEXT NOT NULL DEFAULT '',
     created_at     INTEGER NOT NULL,
-    PRIMARY KEY (stream, consumer_group)
+    PRIMARY KEY (stream, consumer_group, event_kind)
 );

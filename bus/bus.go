@@ -1,0 +1,269 @@
+// Package bus is millpond's in-process event bus: one Watermill router that
+// routes events claimed from the outbox to typed handlers by event kind.
+//
+// Each handler gets its own outbox Subscriber in its own consumer group
+// (the handler's name), registered for the handler's kind only, so several
+// handlers of one kind each see every event with their own delivery state
+// and retry policy. Router-level Watermill middleware (correlation ids,
+// timeouts, retry, ...) applies to every handler.
+//
+// Unrouted events: an event whose kind no handler of its stream subscribes
+// to is kept in the stream's default consumer group "". The bus's
+// UnroutedPolicy decides what happens to it (dead-letter by default, so it
+// is visible in the dead-letter list with the reason).
+//
+// Stop is graceful: no new claims, events claimed but not started are
+// released at once, running handlers may finish (their acks are written)
+// until the close timeout, and nothing is lost: what does not finish in time
+// is retried after its lease.
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millpond/millpond/handlers"
+	"github.com/millpond/millpond/outbox"
+)
+
+// UnroutedPolicy says what the bus does with events no handler subscribes to.
+type UnroutedPolicy int
+
+const (
+	// UnroutedDeadLetter dead-letters them at once with the reason "no
+	// handler for event kind K" (the default): visible, listable,
+	// requeueable, never silently dropped.
+	UnroutedDeadLetter UnroutedPolicy = iota
+	// UnroutedKeep leaves them pending in the default group, where Stats
+	// counts them.
+	UnroutedKeep
+	// UnroutedAcknowledge acknowledges and logs them: they are dropped.
+	UnroutedAcknowledge
+)
+
+// Config configures a Bus. Zero values take the defaults.
+type Config struct {
+	// Subscriber holds defaults for every handler's subscriber (batch size,
+	// lease, poll interval, close timeout, ...). ConsumerGroup and Kinds
+	// are set per handler; a handler's Policy overrides MaxAttempts,
+	// Backoff, Lease and MaxInFlight.
+	Subscriber outbox.SubscriberConfig
+	// Unrouted is the policy for events without a handler.
+	Unrouted UnroutedPolicy
+	// CloseTimeout bounds a graceful stop (default: the subscribers' close
+	// timeout plus 5 s).
+	CloseTimeout time.Duration
+	// Logger receives the router's and subscribers' logs.
+	Logger watermill.LoggerAdapter
+}
+
+// Bus routes outbox events to handlers through one Watermill router.
+type Bus struct {
+	store    *outbox.Store
+	cfg      Config
+	router   *message.Router
+	handlers []handlers.Handler
+	streams  []string
+
+	mu      sync.Mutex
+	started bool
+	done    chan error
+}
+
+// ErrDuplicateHandler reports two handlers with the same name.
+var ErrDuplicateHandler = errors.New("bus: duplicate handler name")
+
+// New returns a Bus over the store for the handlers. Add router-level
+// middleware with Router().AddMiddleware before Start.
+func New(store *outbox.Store, cfg Config, hs ...handlers.Handler) (*Bus, error) {
+	if store == nil {
+		return nil, errors.New("bus: nil store")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = watermill.NopLogger{}
+	}
+	if cfg.Subscriber.Logger == nil {
+		cfg.Subscriber.Logger = cfg.Logger
+	}
+	if cfg.Subscriber.CloseTimeout == 0 {
+		cfg.Subscriber.CloseTimeout = 30 * time.Second
+	}
+	if cfg.CloseTimeout == 0 {
+		cfg.CloseTimeout = cfg.Subscriber.CloseTimeout + 5*time.Second
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: cfg.CloseTimeout}, cfg.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("bus: %w", err)
+	}
+	b := &Bus{store: store, cfg: cfg, router: router}
+	// Keep a failed handler's error text, and its wish to skip retries, on
+	// the message for the subscriber's Nack.
+	router.AddMiddleware(recordFailure)
+	names := map[string]bool{}
+	streams := map[string]bool{}
+	for _, h := range hs {
+		if names[h.Name()] {
+			return nil, fmt.Errorf("%w: %q", ErrDuplicateHandler, h.Name())
+		}
+		names[h.Name()] = true
+		if err := b.addHandler(h); err != nil {
+			return nil, err
+		}
+		streams[h.Stream()] = true
+	}
+	for s := range streams {
+		b.streams = append(b.streams, s)
+	}
+	sort.Strings(b.streams)
+	if cfg.Unrouted != UnroutedKeep {
+		for _, s := range b.streams {
+			if err := b.addUnrouted(s); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return b, nil
+}
+
+func (b *Bus) subscriberConfig(group string, kinds []string, p handlers.Policy) outbox.SubscriberConfig {
+	c := b.cfg.Subscriber
+	c.ConsumerGroup, c.Kinds = group, kinds
+	if p.MaxAttempts != 0 {
+		c.MaxAttempts = p.MaxAttempts
+	}
+	if p.Backoff != nil {
+		c.Backoff = p.Backoff
+	}
+	if p.Lease != 0 {
+		c.Lease = p.Lease
+	}
+	if p.MaxInFlight != 0 {
+		c.MaxInFlight = p.MaxInFlight
+	}
+	return c
+}
+
+func (b *Bus) addHandler(h handlers.Handler) error {
+	sub, err := outbox.NewSubscriber(b.store, b.subscriberConfig(h.Name(), []string{h.Kind()}, h.Policy()))
+	if err != nil {
+		return fmt.Errorf("bus: handler %q: %w", h.Name(), err)
+	}
+	b.handlers = append(b.handlers, h)
+	kind := h.Kind()
+	b.router.AddConsumerHandler(h.Name(), h.Stream(), sub, func(msg *message.Message) error {
+		if got := msg.Metadata.Get(outbox.MetadataKind); got != kind {
+			return nil // the group was once subscribed more widely; not this handler's event
+		}
+		return h.Handle(msg)
+	})
+	return nil
+}
+
+// addUnrouted consumes the default group of a stream, where events that no
+// handler subscribes to wait.
+func (b *Bus) addUnrouted(stream string) error {
+	cfg := b.subscriberConfig("", nil, handlers.Policy{})
+	cfg.SkipRegistration = true
+	sub, err := outbox.NewSubscriber(b.store, cfg)
+	if err != nil {
+		return fmt.Errorf("bus: unrouted events of a stream: %w", err)
+	}
+	policy, logger := b.cfg.Unrouted, b.cfg.Logger
+	b.router.AddConsumerHandler("millpond.unrouted."+stream, stream, sub, func(msg *message.Message) error {
+		kind := msg.Metadata.Get(outbox.MetadataKind)
+		if policy == UnroutedAcknowledge {
+			logger.Info("Acknowledged an event no handler subscribes to", watermill.LogFields{"event_kind": kind})
+			return nil
+		}
+		return handlers.Permanent(fmt.Errorf("no handler for event kind %q", kind))
+	})
+	return nil
+}
+
+// recordFailure keeps a failed handler's error text on the message and marks
+// permanent failures for immediate dead-lettering.
+func recordFailure(h message.HandlerFunc) message.HandlerFunc {
+	return outbox.RecordHandlerError(func(msg *message.Message) ([]*message.Message, error) {
+		out, err := h(msg)
+		if handlers.IsPermanent(err) {
+			msg.Metadata.Set(outbox.MetadataDeadLetterNow, "true")
+		}
+		return out, err
+	})
+}
+
+// Router returns the Watermill router, to add middleware or plugins before
+// Start.
+func (b *Bus) Router() *message.Router { return b.router }
+
+// Handlers returns the bus's handlers.
+func (b *Bus) Handlers() []handlers.Handler { return b.handlers }
+
+// RegisterGroups durably registers every handler's consumer group for its
+// kind, so events published from now on are kept for it. Start calls it;
+// call it yourself when publishers may run before the bus starts.
+func (b *Bus) RegisterGroups(ctx context.Context) error {
+	for _, h := range b.handlers {
+		if err := b.store.RegisterGroup(ctx, h.Stream(), h.Name(), h.Kind()); err != nil {
+			return fmt.Errorf("bus: register handler %q: %w", h.Name(), err)
+		}
+	}
+	return nil
+}
+
+// Start registers the handlers' groups, runs the router in the background
+// and returns once it is running (or ctx ends).
+func (b *Bus) Start(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.started {
+		return errors.New("bus: already started")
+	}
+	if err := b.RegisterGroups(ctx); err != nil {
+		return err
+	}
+	b.started = true
+	b.done = make(chan error, 1)
+	go func() { b.done <- b.router.Run(context.Background()) }()
+	select {
+	case <-b.router.Running():
+		return nil
+	case err := <-b.done:
+		return fmt.Errorf("bus: router stopped: %w", err)
+	case <-ctx.Done():
+		_ = b.router.Close()
+		return ctx.Err()
+	}
+}
+
+// Stop stops the bus gracefully (see the package documentation) and waits
+// until every handler has finished or ctx ends.
+func (b *Bus) Stop(ctx context.Context) error {
+	b.mu.Lock()
+	started, done := b.started, b.done
+	b.mu.Unlock()
+	if !started {
+		return nil
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- b.router.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			return fmt.Errorf("bus: stop: %w", err)
+		}
+		if err := <-done; err != nil {
+			return fmt.Errorf("bus: stop: %w", err)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("bus: stop: %w", ctx.Err())
+	}
+}

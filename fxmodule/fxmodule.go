@@ -1,0 +1,149 @@
+// Package fxmodule wires millpond into a go.uber.org/fx application: it
+// provides the outbox Store, a Publisher and the Bus from a Config, collects
+// handlers from the fx value group "millpond.handlers" (see AsHandler), and
+// starts and stops them with the fx lifecycle. Everything logs through the
+// application's *zap.Logger: Watermill through its slog adapter over zap's
+// slog handler, fx itself through fxevent.ZapLogger (see WithZapLogger).
+//
+//	fx.New(
+//		fx.Provide(zap.NewProduction),
+//		fx.Supply(fxmodule.Config{DatabaseURL: "sqlite:app.db", AutoMigrate: true}),
+//		fxmodule.Module,
+//		fxmodule.WithZapLogger(),
+//		fx.Provide(fxmodule.AsHandler(NewReserveStock)),
+//	).Run()
+//
+// Start order: the Store migrates (when AutoMigrate is set) and the Bus
+// registers every handler's consumer group in OnStart hooks that run before
+// the hooks of constructors invoked after the module, so an HTTP server
+// started by the application cannot publish before the groups exist.
+package fxmodule
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"go.uber.org/fx"
+	"go.uber.org/fx/fxevent"
+	"go.uber.org/zap"
+	"go.uber.org/zap/exp/zapslog"
+
+	"github.com/millpond/millpond/bus"
+	"github.com/millpond/millpond/handlers"
+	"github.com/millpond/millpond/outbox"
+)
+
+// HandlerGroup is the fx value group the Bus collects handlers from.
+const HandlerGroup = "millpond.handlers"
+
+// Config configures the module.
+type Config struct {
+	// DatabaseURL is given to outbox.Open: postgres://, mysql:// or
+	// sqlite:path. Default "sqlite:millpond.db".
+	DatabaseURL string
+	// AutoMigrate runs Store.Migrate on start.
+	AutoMigrate bool
+	// OpenTimeout bounds connecting on construction (default 10 s).
+	OpenTimeout time.Duration
+	// Bus configures the bus; its Logger defaults to the app's zap logger.
+	Bus bus.Config
+}
+
+// Module provides *outbox.Store, *outbox.Publisher (a context publisher:
+// put the transaction on each message with outbox.ContextWithTx) and
+// *bus.Bus. It needs a Config and a *zap.Logger from the application.
+var Module = fx.Module("millpond",
+	fx.Provide(newStore, newPublisher, newBus),
+	// Build the bus even when nothing asks for it, so it starts.
+	fx.Invoke(func(*bus.Bus) {}),
+)
+
+// AsHandler annotates a constructor of a handlers.Handler (or of any type
+// implementing it) so that its result joins the bus's handler group:
+//
+//	fx.Provide(fxmodule.AsHandler(NewReserveStock))
+func AsHandler(constructor any) any {
+	return fx.Annotate(constructor, fx.As(new(handlers.Handler)), fx.ResultTags(`group:"`+HandlerGroup+`"`))
+}
+
+// WithZapLogger makes fx log its own events through the app's *zap.Logger.
+func WithZapLogger() fx.Option {
+	return fx.WithLogger(func(l *zap.Logger) fxevent.Logger { return &fxevent.ZapLogger{Logger: l} })
+}
+
+// SlogLogger returns a log/slog logger writing to the zap logger, through
+// zap's own slog handler.
+func SlogLogger(l *zap.Logger) *slog.Logger { return slog.New(zapslog.NewHandler(l.Core())) }
+
+// WatermillLogger returns a Watermill logger writing to the zap logger,
+// through Watermill's slog adapter and zap's slog handler.
+func WatermillLogger(l *zap.Logger) watermill.LoggerAdapter {
+	return watermill.NewSlogLogger(SlogLogger(l))
+}
+
+type storeParams struct {
+	fx.In
+	Lifecycle fx.Lifecycle
+	Config    Config
+	Logger    *zap.Logger
+}
+
+func newStore(p storeParams) (*outbox.Store, error) {
+	url := p.Config.DatabaseURL
+	if url == "" {
+		url = "sqlite:millpond.db"
+	}
+	timeout := p.Config.OpenTimeout
+	if timeout == 0 {
+		timeout = 10 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	store, err := outbox.Open(ctx, url, outbox.WithLogger(SlogLogger(p.Logger.Named("millpond"))))
+	if err != nil {
+		return nil, fmt.Errorf("fxmodule: %w", err)
+	}
+	p.Lifecycle.Append(fx.Hook{
+		OnStart: func(ctx context.Context) error {
+			if p.Config.AutoMigrate {
+				return store.Migrate(ctx)
+			}
+			return nil
+		},
+		OnStop: func(context.Context) error { return store.Close() },
+	})
+	return store, nil
+}
+
+func newPublisher(store *outbox.Store) (*outbox.Publisher, error) {
+	return outbox.NewContextPublisher(store)
+}
+
+type busParams struct {
+	fx.In
+	Lifecycle fx.Lifecycle
+	Store     *outbox.Store
+	Config    Config
+	Logger    *zap.Logger
+	Handlers  []handlers.Handler `group:"millpond.handlers"`
+}
+
+func newBus(p busParams) (*bus.Bus, error) {
+	cfg := p.Config.Bus
+	if cfg.Subscriber.CloseTimeout == 0 {
+		// Finish within fx's default 15 s stop timeout.
+		cfg.Subscriber.CloseTimeout = 8 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = WatermillLogger(p.Logger.Named("millpond.bus"))
+	}
+	b, err := bus.New(p.Store, cfg, p.Handlers...)
+	if err != nil {
+		return nil, fmt.Errorf("fxmodule: %w", err)
+	}
+	p.Lifecycle.Append(fx.StartStopHook(b.Start, b.Stop))
+	return b, nil
+}

@@ -1,0 +1,163 @@
+// Package handlers defines typed event handlers for the millpond bus.
+//
+// A Handler subscribes to one event kind of one stream. Its name is its
+// consumer group, so several handlers of one kind each get every event and
+// keep their own delivery state and retry policy. New builds a Handler from
+// a function of a typed event: the JSON payload is decoded into the type, a
+// payload that does not decode is dead-lettered at once (no retry can fix
+// it), an error is retried under the handler's policy, and a panic is turned
+// into an error, so the event is nacked rather than lost.
+package handlers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Handler is one subscription of the bus.
+type Handler interface {
+	// Name is unique within the bus and is the handler's consumer group.
+	Name() string
+	// Stream is the stream (Watermill topic) the handler reads.
+	Stream() string
+	// Kind is the event kind the handler handles.
+	Kind() string
+	// Policy is the handler's retry policy.
+	Policy() Policy
+	// Handle processes one message; an error nacks it.
+	Handle(msg *message.Message) error
+}
+
+// Policy is a handler's delivery and retry policy. Zero fields take the
+// bus defaults.
+type Policy struct {
+	// MaxAttempts dead-letters an event after this many deliveries.
+	MaxAttempts int
+	// Backoff gives the delay before the next attempt after the given
+	// failed attempt (1 for the first).
+	Backoff func(attempt int) time.Duration
+	// Lease is how long a delivery is held before it may be retried
+	// elsewhere; it is extended while the handler runs.
+	Lease time.Duration
+	// MaxInFlight is how many events of this handler run at once.
+	MaxInFlight int
+}
+
+// Meta describes the delivery of an event to a handler.
+type Meta struct {
+	// Key is the event's idempotency key (the Watermill message UUID).
+	Key string
+	// Kind is the event kind.
+	Kind string
+	// Attempt is the delivery attempt, 1 for the first.
+	Attempt int
+	// EventID is the outbox row id of this delivery.
+	EventID int64
+	// Metadata is the message metadata (trace context, correlation id...).
+	Metadata message.Metadata
+}
+
+// Metadata keys the outbox Subscriber sets on each message; they match the
+// outbox package's constants.
+const (
+	metadataKind    = "event_kind"
+	metadataAttempt = "millpond_attempt"
+	metadataEventID = "millpond_event_id"
+)
+
+// MetaOf reads the delivery description of a message.
+func MetaOf(msg *message.Message) Meta {
+	attempt, _ := strconv.Atoi(msg.Metadata.Get(metadataAttempt))
+	id, _ := strconv.ParseInt(msg.Metadata.Get(metadataEventID), 10, 64)
+	return Meta{Key: msg.UUID, Kind: msg.Metadata.Get(metadataKind), Attempt: attempt, EventID: id, Metadata: msg.Metadata}
+}
+
+// PermanentError marks a failure that retrying cannot fix; the bus
+// dead-letters the event at once.
+type PermanentError struct{ Err error }
+
+// Error returns the cause's text.
+func (e *PermanentError) Error() string { return "permanent failure: " + e.Err.Error() }
+
+// Unwrap returns the cause.
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Permanent wraps err so that the event is dead-lettered without retry.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
+
+// IsPermanent reports whether err is, or wraps, a PermanentError.
+func IsPermanent(err error) bool {
+	var p *PermanentError
+	return errors.As(err, &p)
+}
+
+// Func handles one decoded event of type T.
+type Func[T any] func(ctx context.Context, event T, meta Meta) error
+
+// Option configures a handler built by New.
+type Option func(*Policy)
+
+// WithMaxAttempts sets the attempt limit (1-100).
+func WithMaxAttempts(n int) Option { return func(p *Policy) { p.MaxAttempts = n } }
+
+// WithBackoff sets the retry delay function.
+func WithBackoff(f func(attempt int) time.Duration) Option {
+	return func(p *Policy) { p.Backoff = f }
+}
+
+// WithLease sets the lease (1 s-1 h).
+func WithLease(d time.Duration) Option { return func(p *Policy) { p.Lease = d } }
+
+// WithMaxInFlight sets how many events of the handler run at once.
+func WithMaxInFlight(n int) Option { return func(p *Policy) { p.MaxInFlight = n } }
+
+type typed[T any] struct {
+	name, stream, kind string
+	policy             Policy
+	fn                 Func[T]
+}
+
+// New returns a Handler named name (its consumer group) for events of kind
+// on stream, decoding each JSON payload into T.
+func New[T any](name, stream, kind string, fn Func[T], opts ...Option) Handler {
+	h := &typed[T]{name: name, stream: stream, kind: kind, fn: fn}
+	for _, opt := range opts {
+		opt(&h.policy)
+	}
+	return h
+}
+
+func (h *typed[T]) Name() string   { return h.name }
+func (h *typed[T]) Stream() string { return h.stream }
+func (h *typed[T]) Kind() string   { return h.kind }
+func (h *typed[T]) Policy() Policy { return h.policy }
+
+// Handle decodes the payload and calls the function; a panic becomes an
+// error carrying the panic value and stack.
+func (h *typed[T]) Handle(msg *message.Message) (err error) {
+	var event T
+	if err := json.Unmarshal(msg.Payload, &event); err != nil {
+		return Permanent(fmt.Errorf("handler %s: decode %s payload into %T: %w", h.name, h.kind, event, err))
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("handler %s: panic: %v\n%s", h.name, r, debug.Stack())
+		}
+	}()
+	if err := h.fn(msg.Context(), event, MetaOf(msg)); err != nil {
+		return fmt.Errorf("handler %s: %w", h.name, err)
+	}
+	return nil
+}
