@@ -76,7 +76,9 @@ func WithZapLogger() fx.Option {
 
 // SlogLogger returns a log/slog logger writing to the zap logger, through
 // zap's own slog handler.
-func SlogLogger(l *zap.Logger) *slog.Logger { return slog.New(zapslog.NewHandler(l.Core())) }
+func SlogLogger(l *zap.Logger) *slog.Logger {
+	return slog.New(zapslog.NewHandler(l.Core(), zapslog.WithName(l.Name())))
+}
 
 // WatermillLogger returns a Watermill logger writing to the zap logger,
 // through Watermill's slog adapter and zap's slog handler.

@@ -1,0 +1,333 @@
+package bus_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/millpond/millpond/bus"
+	"github.com/millpond/millpond/handlers"
+	"github.com/millpond/millpond/internal/testdb"
+	"github.com/millpond/millpond/outbox"
+)
+
+type orderPlaced struct {
+	OrderID int `json:"order_id"`
+}
+
+// fastSubscriber keeps the tests quick: short polls, no retry delay.
+var fastSubscriber = outbox.SubscriberConfig{
+	PollInterval: 10 * time.Millisecond,
+	Backoff:      func(int) time.Duration { return 0 },
+	CloseTimeout: 5 * time.Second,
+}
+
+// publish enqueues events in one transaction through a Publisher bound to it.
+func publish(t *testing.T, db *testdb.Database, store *outbox.Store, stream, kind string, payloads ...[]byte) {
+	t.Helper()
+	tx, commit, rollback := db.Begin(t)
+	pub, err := outbox.NewPublisher(store, tx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range payloads {
+		msg := message.NewMessage(watermill.NewUUID(), p)
+		msg.Metadata.Set(outbox.MetadataKind, kind)
+		if err := pub.Publish(stream, msg); err != nil {
+			rollback()
+			t.Fatal(err)
+		}
+	}
+	if err := commit(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func order(id int) []byte {
+	b, _ := json.Marshal(orderPlaced{OrderID: id})
+	return b
+}
+
+// counter records how often each order id was handled.
+type counter struct {
+	mu   sync.Mutex
+	seen map[int]int
+}
+
+func newCounter() *counter { return &counter{seen: map[int]int{}} }
+
+func (c *counter) add(id int) {
+	c.mu.Lock()
+	c.seen[id]++
+	c.mu.Unlock()
+}
+
+func (c *counter) snapshot() map[int]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[int]int, len(c.seen))
+	for k, v := range c.seen {
+		out[k] = v
+	}
+	return out
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func startBus(t *testing.T, store *outbox.Store, cfg bus.Config, hs ...handlers.Handler) *bus.Bus {
+	t.Helper()
+	b, err := bus.New(store, cfg, hs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := b.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Stop(context.Background()) })
+	return b
+}
+
+func TestBus(t *testing.T) {
+	for _, dialect := range testdb.Dialects {
+		t.Run(dialect, func(t *testing.T) {
+			t.Run("RoutesByKindToEveryHandlerOnce", func(t *testing.T) { testRoutes(t, dialect) })
+			t.Run("PerHandlerRetryPolicyAndPanics", func(t *testing.T) { testRetries(t, dialect) })
+			t.Run("UndecodableAndUnroutedAreDeadLettered", func(t *testing.T) { testDeadLetters(t, dialect) })
+			t.Run("GracefulStopLosesNothing", func(t *testing.T) { testGracefulStop(t, dialect) })
+		})
+	}
+}
+
+func testRoutes(t *testing.T, dialect string) {
+	t.Parallel()
+	db := testdb.New(t, dialect)
+	store := db.Store(t)
+	reserve, notify, cancelled := newCounter(), newCounter(), newCounter()
+	var withDeadline atomic.Int64
+	record := func(c *counter) handlers.Func[orderPlaced] {
+		return func(ctx context.Context, ev orderPlaced, meta handlers.Meta) error {
+			if _, ok := ctx.Deadline(); ok {
+				withDeadline.Add(1)
+			}
+			c.add(ev.OrderID)
+			return nil
+		}
+	}
+	b, err := bus.New(store, bus.Config{Subscriber: fastSubscriber},
+		handlers.New("reserve-stock", "orders", "OrderPlaced", record(reserve)),
+		handlers.New("notify", "orders", "OrderPlaced", record(notify)),
+		handlers.New("refund", "orders", "OrderCancelled", record(cancelled)),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Watermill's own middleware runs on the bus's router.
+	b.Router().AddMiddleware(middleware.Recoverer, middleware.Timeout(10*time.Second))
+	if err := b.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Stop(context.Background()) })
+
+	var placed, cancelledPayloads [][]byte
+	for i := 1; i <= 100; i++ {
+		placed = append(placed, order(i))
+	}
+	for i := 1001; i <= 1010; i++ {
+		cancelledPayloads = append(cancelledPayloads, order(i))
+	}
+	publish(t, db, store, "orders", "OrderPlaced", placed...)
+	publish(t, db, store, "orders", "OrderCancelled", cancelledPayloads...)
+	waitFor(t, "all deliveries", func() bool {
+		return len(reserve.snapshot()) == 100 && len(notify.snapshot()) == 100 && len(cancelled.snapshot()) == 10
+	})
+	time.Sleep(100 * time.Millisecond) // let any duplicate show
+	for name, c := range map[string]*counter{"reserve": reserve, "notify": notify, "refund": cancelled} {
+		for id, n := range c.snapshot() {
+			if n != 1 {
+				t.Errorf("%s handled order %d %d times", name, id, n)
+			}
+			if name == "refund" && id <= 1000 || name != "refund" && id > 1000 {
+				t.Errorf("%s got an event of another kind (order %d)", name, id)
+			}
+		}
+	}
+	if got := withDeadline.Load(); got != 210 {
+		t.Errorf("the Timeout middleware's deadline reached %d of 210 deliveries", got)
+	}
+	// Each handler's group has its own rows: nothing is left for anyone.
+	stats, err := store.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range stats {
+		if s.Pending+s.Processing+s.Dead > 0 {
+			t.Errorf("rows left behind: %+v", s)
+		}
+	}
+}
+
+func testRetries(t *testing.T, dialect string) {
+	t.Parallel()
+	db := testdb.New(t, dialect)
+	store := db.Store(t)
+	var flakyAttempts, panicAttempts, steadyCalls atomic.Int64
+	flaky := handlers.New("flaky", "orders", "OrderPlaced", func(ctx context.Context, ev orderPlaced, meta handlers.Meta) error {
+		flakyAttempts.Add(1)
+		if meta.Attempt < 3 {
+			return fmt.Errorf("transient failure on attempt %d", meta.Attempt)
+		}
+		return nil
+	}, handlers.WithMaxAttempts(5), handlers.WithBackoff(func(int) time.Duration { return 0 }))
+	panicky := handlers.New("panicky", "orders", "OrderPlaced", func(ctx context.Context, ev orderPlaced, meta handlers.Meta) error {
+		panicAttempts.Add(1)
+		panic("boom\nwith a newline")
+	}, handlers.WithMaxAttempts(2))
+	steady := handlers.New("steady", "orders", "OrderPlaced", func(ctx context.Context, ev orderPlaced, meta handlers.Meta) error {
+		steadyCalls.Add(1)
+		return nil
+	})
+	startBus(t, store, bus.Config{Subscriber: fastSubscriber}, flaky, panicky, steady)
+	publish(t, db, store, "orders", "OrderPlaced", order(1))
+
+	dead := func() []outbox.DeadEvent {
+		d, err := store.ListDead(context.Background(), outbox.DeadQuery{Stream: "orders", AllGroups: true, Limit: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	waitFor(t, "the panicking handler's dead letter", func() bool { return len(dead()) == 1 })
+	waitFor(t, "the flaky handler's third attempt", func() bool { return flakyAttempts.Load() == 3 })
+	d := dead()[0]
+	if d.Group != "panicky" || d.Attempts != 2 || panicAttempts.Load() != 2 {
+		t.Errorf("panicking handler: dead letter %+v after %d attempts, want group panicky with 2", d, panicAttempts.Load())
+	}
+	if !strings.Contains(d.LastError, "panic: boom") || strings.ContainsAny(d.LastError, "\n\t") || len(d.LastError) > outbox.MaxErrorBytes {
+		t.Errorf("last error not sanitised: %q", d.LastError)
+	}
+	if steadyCalls.Load() != 1 {
+		t.Errorf("steady handler ran %d times, want 1 (retries of others must not touch it)", steadyCalls.Load())
+	}
+}
+
+func testDeadLetters(t *testing.T, dialect string) {
+	t.Parallel()
+	db := testdb.New(t, dialect)
+	store := db.Store(t)
+	var calls atomic.Int64
+	h := handlers.New("reserve-stock", "orders", "OrderPlaced", func(context.Context, orderPlaced, handlers.Meta) error {
+		calls.Add(1)
+		return nil
+	})
+	startBus(t, store, bus.Config{Subscriber: fastSubscriber}, h)
+	publish(t, db, store, "orders", "OrderPlaced", []byte("not json"))
+	publish(t, db, store, "orders", "OrderShipped", order(7))
+	var dead []outbox.DeadEvent
+	waitFor(t, "two dead letters", func() bool {
+		var err error
+		dead, err = store.ListDead(context.Background(), outbox.DeadQuery{Stream: "orders", AllGroups: true, Limit: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(dead) == 2
+	})
+	byGroup := map[string]outbox.DeadEvent{}
+	for _, d := range dead {
+		byGroup[d.Group] = d
+	}
+	if d := byGroup["reserve-stock"]; d.Attempts != 1 || !strings.Contains(d.LastError, "decode") {
+		t.Errorf("undecodable payload: %+v, want dead after 1 attempt with a decode error", d)
+	}
+	if d := byGroup[""]; d.Kind != "OrderShipped" || !strings.Contains(d.LastError, `no handler for event kind "OrderShipped"`) {
+		t.Errorf("unrouted event: %+v", d)
+	}
+	if calls.Load() != 0 {
+		t.Errorf("handler ran %d times for events it cannot take", calls.Load())
+	}
+}
+
+func testGracefulStop(t *testing.T, dialect string) {
+	t.Parallel()
+	db := testdb.New(t, dialect)
+	store := db.Store(t)
+	seen := newCounter()
+	slow := func(ctx context.Context, ev orderPlaced, meta handlers.Meta) error {
+		time.Sleep(2 * time.Millisecond)
+		if ctx.Err() != nil {
+			return errors.New("context cancelled while handling")
+		}
+		seen.add(ev.OrderID)
+		return nil
+	}
+	const total = 400
+	var payloads [][]byte
+	for i := 1; i <= total; i++ {
+		payloads = append(payloads, order(i))
+	}
+	h := func() handlers.Handler {
+		return handlers.New("slow", "orders", "OrderPlaced", slow, handlers.WithMaxInFlight(4))
+	}
+	b1, err := bus.New(store, bus.Config{Subscriber: fastSubscriber}, h())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b1.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	publish(t, db, store, "orders", "OrderPlaced", payloads...)
+	waitFor(t, "some progress", func() bool { return len(seen.snapshot()) >= total/4 })
+	if err := b1.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	stopped := len(seen.snapshot())
+	if stopped >= total {
+		t.Fatalf("the bus finished all %d events before the stop; the test proves nothing", total)
+	}
+	// After a graceful stop nothing may be left claimed: what was not
+	// started was released, what ran was acknowledged.
+	if n := db.Count(t, "SELECT COUNT(*) FROM millpond_outbox WHERE status = 'processing'"); n != 0 {
+		t.Errorf("%d events still claimed after a graceful stop", n)
+	}
+	startBus(t, store, bus.Config{Subscriber: fastSubscriber}, h())
+	waitFor(t, "every event after the restart", func() bool { return len(seen.snapshot()) == total })
+	time.Sleep(100 * time.Millisecond)
+	for id, n := range seen.snapshot() {
+		if n != 1 {
+			t.Errorf("order %d handled %d times across a graceful stop", id, n)
+		}
+	}
+	t.Logf("stopped after %d of %d events; all delivered exactly once across the stop", stopped, total)
+}
+
+// The handlers package cannot import outbox; its metadata keys must still
+// match what the Subscriber sets.
+func TestHandlersMetaMatchesSubscriberMetadata(t *testing.T) {
+	msg := message.NewMessage("k", nil)
+	msg.Metadata.Set(outbox.MetadataKind, "K")
+	msg.Metadata.Set(outbox.MetadataAttempt, "3")
+	msg.Metadata.Set(outbox.MetadataEventID, "9")
+	if m := handlers.MetaOf(msg); m.Kind != "K" || m.Attempt != 3 || m.EventID != 9 {
+		t.Errorf("handlers.MetaOf read %+v", m)
+	}
+}

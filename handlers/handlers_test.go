@@ -1,0 +1,87 @@
+package handlers_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millpond/millpond/handlers"
+)
+
+type placed struct {
+	OrderID int    `json:"order_id"`
+	SKU     string `json:"sku"`
+}
+
+func newMsg(payload string) *message.Message {
+	msg := message.NewMessage("key-1", []byte(payload))
+	msg.Metadata.Set("event_kind", "OrderPlaced")
+	msg.Metadata.Set("millpond_attempt", "2")
+	msg.Metadata.Set("millpond_event_id", "42")
+	msg.Metadata.Set("trace", "abc")
+	return msg
+}
+
+func TestTypedHandlerDecodesAndSeesMeta(t *testing.T) {
+	var got placed
+	var meta handlers.Meta
+	h := handlers.New("reserve", "orders", "OrderPlaced", func(ctx context.Context, ev placed, m handlers.Meta) error {
+		got, meta = ev, m
+		return nil
+	}, handlers.WithMaxAttempts(7), handlers.WithMaxInFlight(3))
+	if h.Name() != "reserve" || h.Stream() != "orders" || h.Kind() != "OrderPlaced" {
+		t.Fatalf("identity: %s %s %s", h.Name(), h.Stream(), h.Kind())
+	}
+	if p := h.Policy(); p.MaxAttempts != 7 || p.MaxInFlight != 3 {
+		t.Fatalf("policy %+v", p)
+	}
+	if err := h.Handle(newMsg(`{"order_id":5,"sku":"A-1"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if got != (placed{OrderID: 5, SKU: "A-1"}) {
+		t.Errorf("decoded %+v", got)
+	}
+	if meta.Key != "key-1" || meta.Kind != "OrderPlaced" || meta.Attempt != 2 || meta.EventID != 42 || meta.Metadata.Get("trace") != "abc" {
+		t.Errorf("meta %+v", meta)
+	}
+}
+
+func TestUndecodablePayloadIsPermanent(t *testing.T) {
+	called := false
+	h := handlers.New("reserve", "orders", "OrderPlaced", func(context.Context, placed, handlers.Meta) error {
+		called = true
+		return nil
+	})
+	err := h.Handle(newMsg(`{"order_id":"five"}`))
+	if !handlers.IsPermanent(err) || called {
+		t.Fatalf("err %v (permanent %v), called %v", err, handlers.IsPermanent(err), called)
+	}
+}
+
+func TestHandlerErrorsAreRetryableAndPanicsBecomeErrors(t *testing.T) {
+	cause := errors.New("database is down")
+	h := handlers.New("reserve", "orders", "OrderPlaced", func(context.Context, placed, handlers.Meta) error { return cause })
+	err := h.Handle(newMsg(`{}`))
+	if !errors.Is(err, cause) || handlers.IsPermanent(err) {
+		t.Fatalf("err %v", err)
+	}
+	p := handlers.New("reserve", "orders", "OrderPlaced", func(context.Context, placed, handlers.Meta) error { panic("boom") })
+	err = p.Handle(newMsg(`{}`))
+	if err == nil || !strings.Contains(err.Error(), "panic: boom") || handlers.IsPermanent(err) {
+		t.Fatalf("panic became %v", err)
+	}
+}
+
+func TestPermanent(t *testing.T) {
+	if handlers.Permanent(nil) != nil {
+		t.Error("Permanent(nil) must be nil")
+	}
+	cause := errors.New("bad")
+	err := handlers.Permanent(cause)
+	if !errors.Is(err, cause) || !handlers.IsPermanent(err) || handlers.IsPermanent(cause) {
+		t.Errorf("Permanent wrapping broken: %v", err)
+	}
+}
