@@ -36,7 +36,11 @@ func ListenPostgres(ctx context.Context, config *pgx.ConnConfig, wake func(strea
 }
 
 func listenOnce(ctx context.Context, config *pgx.ConnConfig, wake func(string), connected func()) error {
-	conn, err := pgx.ConnectConfig(ctx, config.Copy())
+	config = config.Copy()
+	if config.RuntimeParams["application_name"] == "" {
+		config.RuntimeParams["application_name"] = "millpond-listener"
+	}
+	conn, err := pgx.ConnectConfig(ctx, config)
 	if err != nil {
 		return err
 	}

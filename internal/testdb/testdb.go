@@ -65,6 +65,9 @@ func unavailable(t testing.TB, dialect string, err error) {
 type Database struct {
 	// Dialect is "postgres", "mysql" or "sqlite".
 	Dialect string
+	// Name is the schema, database or file name; on PostgreSQL it is also
+	// the connections' application_name.
+	Name string
 	// URL opens the isolated database with outbox.Open.
 	URL string
 	// SQL is a database/sql handle for MySQL and SQLite (nil for PostgreSQL).
@@ -94,6 +97,7 @@ func New(t testing.TB, dialect string) *Database {
 		u, _ := url.Parse(PostgresURL())
 		q := u.Query()
 		q.Set("search_path", name)
+		q.Set("application_name", name)
 		u.RawQuery = q.Encode()
 		pool, err := pgxpool.New(ctx, u.String())
 		if err != nil {
@@ -104,7 +108,7 @@ func New(t testing.TB, dialect string) *Database {
 			_, _ = admin.Exec(context.Background(), "DROP SCHEMA "+name+" CASCADE")
 			admin.Close()
 		})
-		return &Database{Dialect: dialect, URL: u.String(), Pool: pool}
+		return &Database{Dialect: dialect, Name: name, URL: u.String(), Pool: pool}
 	case "mysql":
 		adminURL := MySQLURL()
 		admin, err := openMySQL(adminURL)
@@ -129,7 +133,7 @@ func New(t testing.TB, dialect string) *Database {
 			_, _ = admin.ExecContext(context.Background(), "DROP DATABASE "+name)
 			admin.Close()
 		})
-		return &Database{Dialect: dialect, URL: u.String(), SQL: db}
+		return &Database{Dialect: dialect, Name: name, URL: u.String(), SQL: db}
 	case "sqlite":
 		path := filepath.Join(t.TempDir(), name+".db")
 		db, err := sql.Open("sqlite", outbox.SQLiteDSN(path))
@@ -137,7 +141,7 @@ func New(t testing.TB, dialect string) *Database {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { db.Close() })
-		return &Database{Dialect: dialect, URL: "sqlite:" + path, SQL: db}
+		return &Database{Dialect: dialect, Name: name, URL: "sqlite:" + path, SQL: db}
 	}
 	t.Fatalf("unknown dialect %q", dialect)
 	return nil

@@ -1,0 +1,88 @@
+package tests
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millpond/millpond/internal/testdb"
+	"github.com/millpond/millpond/outbox"
+)
+
+// TestPostgresNotifyWakesSubscribersAndListenerReconnects shows that on
+// PostgreSQL a commit wakes the subscriber through LISTEN/NOTIFY (the poll
+// interval is set far beyond the deadline, so polling cannot explain the
+// delivery), and that after the listener's connection is killed the
+// listener reconnects and wake-ups resume.
+func TestPostgresNotifyWakesSubscribersAndListenerReconnects(t *testing.T) {
+	db := testdb.New(t, "postgres")
+	store := db.Store(t)
+	sub, err := outbox.NewSubscriber(store, outbox.SubscriberConfig{PollInterval: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	msgs, err := sub.Subscribe(context.Background(), "wake")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := outbox.NewAutoCommitPublisher(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roundTrip := func(label string) time.Duration {
+		t.Helper()
+		id := watermill.NewUUID()
+		start := time.Now()
+		if err := pub.Publish("wake", message.NewMessage(id, []byte(label))); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case msg := <-msgs:
+			msg.Ack()
+			if msg.UUID != id {
+				t.Fatalf("%s: got message %s, want %s", label, msg.UUID, id)
+			}
+			return time.Since(start)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: no delivery within 5 s with a 1 min poll interval: NOTIFY did not wake the subscriber", label)
+			return 0
+		}
+	}
+	// The first claim after Subscribe happens at once; wait for it to go idle.
+	time.Sleep(200 * time.Millisecond)
+	t.Logf("commit to handler before the kill: %s", roundTrip("before"))
+
+	// Kill the listener's connection.
+	var killed int64
+	if err := db.Pool.QueryRow(context.Background(),
+		`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		 WHERE application_name = $1 AND query LIKE 'LISTEN%'`, db.Name).Scan(&killed); err != nil {
+		t.Fatal(err)
+	}
+	if killed != 1 {
+		t.Fatalf("terminated %d listener connections, want 1", killed)
+	}
+	// Reconnection wakes every subscriber once; let that pass, then prove
+	// that notifications flow again.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var listening int64
+		if err := db.Pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN%'`, db.Name).Scan(&listening); err != nil {
+			t.Fatal(err)
+		}
+		if listening == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the listener did not reconnect within 10 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond)
+	t.Logf("commit to handler after the reconnect: %s", roundTrip("after"))
+}
