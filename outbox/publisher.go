@@ -130,7 +130,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 			if err != nil {
 				return fmt.Errorf("outbox: publish message %s: %w", msg.UUID, err)
 			}
-			if _, err := p.store.core.Enqueue(msg.Context(), ex, EventFromMessage(topic, msg)); err != nil {
+			if _, err := p.store.enqueue(msg.Context(), ex, EventFromMessage(topic, msg)); err != nil {
 				return fmt.Errorf("outbox: publish message %s: %w", msg.UUID, err)
 			}
 		}
@@ -148,7 +148,7 @@ func (p *Publisher) publishAutoCommit(topic string, msgs []*message.Message) err
 		return fmt.Errorf("outbox: publish: begin: %w", err)
 	}
 	for _, msg := range msgs {
-		if _, err := p.store.core.Enqueue(ctx, tx, EventFromMessage(topic, msg)); err != nil {
+		if _, err := p.store.enqueue(ctx, tx, EventFromMessage(topic, msg)); err != nil {
 			_ = tx.Rollback()
 			return fmt.Errorf("outbox: publish message %s: %w", msg.UUID, err)
 		}

@@ -26,6 +26,7 @@ type Store struct {
 	logger *slog.Logger
 	closer func() error
 	wake   *wakeHub
+	gate   *notifyGate
 
 	mu     sync.Mutex
 	closed bool
@@ -37,9 +38,10 @@ type Store struct {
 type Option func(*storeOptions)
 
 type storeOptions struct {
-	clock  func() time.Time
-	logger *slog.Logger
-	listen bool
+	clock       func() time.Time
+	logger      *slog.Logger
+	listen      bool
+	notifyEvery time.Duration
 }
 
 // WithClock replaces the database clock for tests that need fixed time.
@@ -59,8 +61,18 @@ func WithoutListen() Option {
 	return func(o *storeOptions) { o.listen = false }
 }
 
+// WithNotifyEvery sets how often, at most, this process sends a PostgreSQL
+// NOTIFY per stream from enqueueing transactions (default 10 ms; negative
+// never). PostgreSQL serialises the commits of notifying transactions, so
+// notifying on every enqueue would halve producer throughput; subscribers
+// woken by one notification poll quickly for a while and so also find the
+// events of the transactions that did not notify.
+func WithNotifyEvery(d time.Duration) Option {
+	return func(o *storeOptions) { o.notifyEvery = d }
+}
+
 func buildOptions(opts []Option) storeOptions {
-	o := storeOptions{listen: true, logger: slog.New(slog.DiscardHandler)}
+	o := storeOptions{listen: true, logger: slog.New(slog.DiscardHandler), notifyEvery: 10 * time.Millisecond}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -76,7 +88,7 @@ func newStore(d sqlcore.Dialect, db sqlcore.DB, o storeOptions) (*Store, error) 
 	if err != nil {
 		return nil, fmt.Errorf("outbox: %w", err)
 	}
-	return &Store{core: core, db: db, logger: o.logger, wake: newWakeHub()}, nil
+	return &Store{core: core, db: db, logger: o.logger, wake: newWakeHub(), gate: newNotifyGate(o.notifyEvery)}, nil
 }
 
 // NewPostgres returns a Store over a pgx pool. The pool stays the caller's
@@ -209,9 +221,27 @@ func (s *Store) Enqueue(ctx context.Context, tx any, ev Event) (Enqueued, error)
 	if err != nil {
 		return Enqueued{}, err
 	}
-	res, err := s.core.Enqueue(ctx, ex, ev)
+	res, err := s.enqueue(ctx, ex, ev)
 	if err != nil {
 		return Enqueued{}, fmt.Errorf("outbox: enqueue: %w", err)
+	}
+	return res, nil
+}
+
+// enqueue records the event and wakes subscribers: those of this process at
+// once (they poll quickly until the transaction commits), those of other
+// processes by a PostgreSQL NOTIFY that commits with the transaction, sent
+// at most every notifyEvery per stream.
+func (s *Store) enqueue(ctx context.Context, ex sqlcore.Executor, ev Event) (Enqueued, error) {
+	res, err := s.core.Enqueue(ctx, ex, ev)
+	if err != nil || !res.Inserted {
+		return res, err
+	}
+	s.wake.notify(ev.Stream)
+	if s.gate.due(ev.Stream) {
+		if err := s.core.Notify(ctx, ex, ev.Stream); err != nil {
+			return Enqueued{}, fmt.Errorf("notify subscribers: %w", err)
+		}
 	}
 	return res, nil
 }
@@ -282,7 +312,8 @@ func (s *Store) ExtendBatch(ctx context.Context, rs []Receipt, lease time.Durati
 }
 
 // Release hands claimed but unstarted events back at once, without counting
-// the attempt, and returns how many it released.
+// the attempt, and returns how many it released. Stale receipts (wrong key,
+// expired lease) are skipped and change nothing.
 func (s *Store) Release(ctx context.Context, rs ...Receipt) (int, error) {
 	n, err := s.core.Release(ctx, rs)
 	if err != nil {

@@ -281,13 +281,16 @@ func (sub *subscription) run() {
 	close(sub.out)
 }
 
-// claimLoop claims as many events as the queue has room for, and waits for a
-// wake-up, the poll interval or room when there is nothing to do.
+// claimLoop claims as many events as the queue has room for. After a
+// wake-up or a claim that found events it polls again quickly (1 ms,
+// doubling while claims come back empty, up to PollInterval), so events of
+// transactions that commit just after a wake-up are found at once.
 func (sub *subscription) claimLoop() {
 	wake, unsubscribe := sub.store.wake.subscribe(sub.topic)
 	defer unsubscribe()
-	poll := time.NewTimer(0)
-	defer poll.Stop()
+	idle := time.NewTimer(0)
+	defer idle.Stop()
+	var wait time.Duration
 	failures := 0
 	for {
 		room := cap(sub.queue) - len(sub.queue)
@@ -321,20 +324,40 @@ func (sub *subscription) claimLoop() {
 		for _, c := range claimed {
 			sub.queue <- c // never blocks: only this goroutine adds, and room was free
 		}
-		select {
-		case <-sub.stop:
-			return
+		// The quickest poll is 1 ms per subscription of this stream in the
+		// process, so many subscribers do not multiply the load.
+		quick := min(time.Duration(max(sub.store.wake.count(sub.topic), 1))*time.Millisecond, sub.cfg.PollInterval)
+		switch {
+		case len(claimed) == room:
+			wait = 0 // more may be due right now
+		case len(claimed) > 0:
+			wait = quick
 		default:
+			wait = min(max(2*wait, quick), sub.cfg.PollInterval)
 		}
-		if len(claimed) == room {
-			continue // more may be due right now
+		if wait == 0 {
+			select {
+			case <-sub.stop:
+				return
+			default:
+				continue
+			}
 		}
-		poll.Reset(sub.cfg.PollInterval)
-		select {
-		case <-sub.stop:
-			return
-		case <-wake:
-		case <-poll.C:
+		idle.Reset(wait)
+	waiting:
+		for {
+			select {
+			case <-sub.stop:
+				return
+			case <-wake:
+				// Poll at once, unless a quick poll is due anyway.
+				if wait > quick {
+					wait = 0
+					break waiting
+				}
+			case <-idle.C:
+				break waiting
+			}
 		}
 	}
 }

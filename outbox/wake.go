@@ -1,6 +1,9 @@
 package outbox
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // wakeHub fans PostgreSQL notifications out to the subscribers of this
 // process. A notification only hints that a stream may have due events;
@@ -35,6 +38,13 @@ func (h *wakeHub) subscribe(stream string) (<-chan struct{}, func()) {
 	}
 }
 
+// count returns how many subscriptions of this process wait on stream.
+func (h *wakeHub) count(stream string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.waiters[stream])
+}
+
 // notify signals the waiters of stream, or of every stream when stream is
 // empty (after the listener reconnects).
 func (h *wakeHub) notify(stream string) {
@@ -55,4 +65,34 @@ func (h *wakeHub) notify(stream string) {
 		return
 	}
 	signal(h.waiters[stream])
+}
+
+// notifyGate spaces out the NOTIFYs this process sends per stream.
+type notifyGate struct {
+	every time.Duration
+	mu    sync.Mutex
+	last  map[string]time.Time
+}
+
+func newNotifyGate(every time.Duration) *notifyGate {
+	return &notifyGate{every: every, last: map[string]time.Time{}}
+}
+
+// due reports whether a NOTIFY for stream should be sent now, and if so
+// records it.
+func (g *notifyGate) due(stream string) bool {
+	if g.every < 0 {
+		return false
+	}
+	now := time.Now()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if last, ok := g.last[stream]; ok && now.Sub(last) < g.every {
+		return false
+	}
+	if len(g.last) > 10_000 {
+		clear(g.last) // bound memory for processes that publish to many streams
+	}
+	g.last[stream] = now
+	return true
 }

@@ -19,7 +19,10 @@ import (
 // listener reconnects and wake-ups resume.
 func TestPostgresNotifyWakesSubscribersAndListenerReconnects(t *testing.T) {
 	db := testdb.New(t, "postgres")
+	// Two stores stand for two processes: the publisher's wakes no local
+	// subscriber, so only NOTIFY can reach the subscriber's.
 	store := db.Store(t)
+	pubStore := db.Store(t, outbox.WithoutListen())
 	sub, err := outbox.NewSubscriber(store, outbox.SubscriberConfig{PollInterval: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -29,7 +32,7 @@ func TestPostgresNotifyWakesSubscribersAndListenerReconnects(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, err := outbox.NewAutoCommitPublisher(store)
+	pub, err := outbox.NewAutoCommitPublisher(pubStore)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,13 +50,16 @@ func TestPostgresNotifyWakesSubscribersAndListenerReconnects(t *testing.T) {
 				t.Fatalf("%s: got message %s, want %s", label, msg.UUID, id)
 			}
 			return time.Since(start)
-		case <-time.After(5 * time.Second):
-			t.Fatalf("%s: no delivery within 5 s with a 1 min poll interval: NOTIFY did not wake the subscriber", label)
+		case <-time.After(500 * time.Millisecond):
+			t.Fatalf("%s: no delivery within 500 ms while the subscriber was between polls: NOTIFY did not wake it", label)
 			return 0
 		}
 	}
-	// The first claim after Subscribe happens at once; wait for it to go idle.
-	time.Sleep(200 * time.Millisecond)
+	// After Subscribe (and after each wake-up) the subscriber polls at 1, 3,
+	// 7, ... 2047, 4095 ms as its claims come back empty. Three seconds in,
+	// its next poll is more than a second away, so a delivery within 500 ms
+	// can only come from a notification.
+	time.Sleep(3 * time.Second)
 	t.Logf("commit to handler before the kill: %s", roundTrip("before"))
 
 	// Kill the listener's connection.
@@ -83,6 +89,6 @@ func TestPostgresNotifyWakesSubscribersAndListenerReconnects(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(3 * time.Second)
 	t.Logf("commit to handler after the reconnect: %s", roundTrip("after"))
 }

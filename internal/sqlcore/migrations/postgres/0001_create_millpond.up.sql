@@ -38,5 +38,5 @@ BEGIN
 END
 $$;
 DROP TRIGGER IF EXISTS millpond_outbox_notify ON millpond_outbox;
-CREATE TRIGGER millpond_outbox_notify AFTER INSERT OR UPDATE OF status ON millpond_outbox
+CREATE TRIGGER millpond_outbox_notify AFTER UPDATE OF status ON millpond_outbox
     FOR EACH ROW WHEN (NEW.status = 'pending') EXECUTE FUNCTION millpond_outbox_notify();

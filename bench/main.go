@@ -1,0 +1,338 @@
+// Command bench runs the same transactional-outbox workload against several
+// PostgreSQL-backed queue/outbox systems in one run and prints a markdown
+// table of enqueue throughput, delivery throughput and delivery latency,
+// with ratios against baselines measured in the same run.
+//
+// Usage:
+//
+//	go run . -events 20000 -out results.md
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// config holds the command-line settings.
+type config struct {
+	dsn            string
+	events         int
+	producers      int
+	workers        int
+	rate           int
+	latencySeconds int
+	systems        []string
+	prefill        int
+	out            string
+	phaseTimeout   time.Duration
+}
+
+func main() {
+	var cfg config
+	var systems string
+	flag.StringVar(&cfg.dsn, "dsn", "postgres://postgres@127.0.0.1:5432/millpond_bench?sslmode=disable",
+		"PostgreSQL connection string; the database is created if missing (via the \"test\" database)")
+	flag.IntVar(&cfg.events, "events", 20000, "events to enqueue and then deliver in the throughput phases")
+	flag.IntVar(&cfg.producers, "producers", 8, "concurrent producer transactions")
+	flag.IntVar(&cfg.workers, "workers", 8, "concurrent consumers per system")
+	flag.IntVar(&cfg.rate, "rate", 200, "events per second offered in the latency phase")
+	flag.IntVar(&cfg.latencySeconds, "latency-seconds", 10, "duration of the latency phase")
+	flag.StringVar(&systems, "systems", strings.Join(defaultSystems(), ","),
+		"comma-separated systems to run; known: "+strings.Join(registeredNames(), ", "))
+	flag.IntVar(&cfg.prefill, "prefill", 0, "already-delivered rows to put in each system's table before measuring")
+	flag.StringVar(&cfg.out, "out", "", "also write the markdown report to this file")
+	flag.DurationVar(&cfg.phaseTimeout, "phase-timeout", 5*time.Minute, "give up on a delivery or latency phase after this long")
+	flag.Parse()
+	for _, s := range strings.Split(systems, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			cfg.systems = append(cfg.systems, s)
+		}
+	}
+	if err := cfg.validate(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// defaultSystems is every registered system except the variants that only
+// duplicate another's measurement with a different knob.
+func defaultSystems() []string {
+	var names []string
+	for _, n := range registeredNames() {
+		if n != "watermill-sql-1sub" {
+			names = append(names, n)
+		}
+	}
+	return names
+}
+
+func (c config) validate() error {
+	switch {
+	case c.events < 1, c.producers < 1, c.workers < 1, c.rate < 1, c.latencySeconds < 0, c.prefill < 0:
+		return fmt.Errorf("-events, -producers, -workers and -rate must be positive; -latency-seconds and -prefill non-negative")
+	case len(c.systems) == 0:
+		return fmt.Errorf("no systems selected")
+	}
+	for _, s := range c.systems {
+		if _, ok := registry[s]; !ok {
+			return fmt.Errorf("unknown system %q (known: %s)", s, strings.Join(registeredNames(), ", "))
+		}
+	}
+	return nil
+}
+
+func run(ctx context.Context, cfg config) error {
+	if err := ensureDatabase(ctx, cfg.dsn); err != nil {
+		return err
+	}
+	poolCfg, err := pgxpool.ParseConfig(cfg.dsn)
+	if err != nil {
+		return err
+	}
+	// Producers, consumers, and headroom for systems' own connections
+	// (listeners, leader election, maintenance).
+	poolCfg.MaxConns = int32(cfg.producers + 2*cfg.workers + 8)
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	env, err := describeEnvironment(ctx, pool)
+	if err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, `
+		DROP TABLE IF EXISTS bench_orders, bench_plain_events;
+		CREATE TABLE bench_orders (id bigserial PRIMARY KEY, payload text NOT NULL);
+		CREATE TABLE bench_plain_events (id bigserial PRIMARY KEY, payload bytea NOT NULL);`); err != nil {
+		return err
+	}
+
+	rep := report{cfg: cfg, env: env, started: time.Now()}
+	for _, name := range cfg.systems {
+		// The baseline is measured right before each system so that each
+		// ratio compares two adjacent measurements.
+		logf("baseline: raw INSERT, %d events", cfg.events)
+		base, err := measureBaseline(ctx, pool, cfg)
+		if err != nil {
+			return fmt.Errorf("baseline: %w", err)
+		}
+		rep.baselines = append(rep.baselines, base)
+		info := registry[name]
+		logf("%s: starting", name)
+		res := runSystem(ctx, pool, cfg, info)
+		res.baseline = base
+		if res.err != nil {
+			logf("%s: %v", name, res.err)
+		}
+		rep.results = append(rep.results, res)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	logf("baseline: raw INSERT, %d events", cfg.events)
+	base, err := measureBaseline(ctx, pool, cfg)
+	if err != nil {
+		return fmt.Errorf("baseline: %w", err)
+	}
+	rep.baselines = append(rep.baselines, base)
+
+	md := rep.markdown()
+	fmt.Print(md)
+	if cfg.out != "" {
+		if err := os.WriteFile(cfg.out, []byte(md), 0o644); err != nil {
+			return err
+		}
+		logf("wrote %s", cfg.out)
+	}
+	return nil
+}
+
+// measureBaseline returns the enqueue rate of the raw INSERT baseline on
+// empty tables, with the same producers and transaction shape as the
+// systems' enqueue phase.
+func measureBaseline(ctx context.Context, pool *pgxpool.Pool, cfg config) (float64, error) {
+	if err := quiesce(ctx, pool, "bench_orders", "bench_plain_events"); err != nil {
+		return 0, err
+	}
+	elapsed, err := runProducers(ctx, pool, cfg.producers, rawInsertEnqueue, 1, cfg.events, nil, nil)
+	if err != nil {
+		return 0, err
+	}
+	return float64(cfg.events) / elapsed.Seconds(), nil
+}
+
+// quiesce empties the given tables and checkpoints so every measurement
+// starts from the same state.
+func quiesce(ctx context.Context, pool *pgxpool.Pool, tables ...string) error {
+	if _, err := pool.Exec(ctx, `TRUNCATE `+strings.Join(tables, ", ")+` RESTART IDENTITY`); err != nil {
+		return err
+	}
+	_, err := pool.Exec(ctx, `CHECKPOINT`)
+	return err
+}
+
+// result is one system's measurements.
+type result struct {
+	info          systemInfo
+	baseline      float64 // raw INSERT enqueue rate measured just before this system
+	enqueueRate   float64
+	deliverRate   float64
+	deliverDone   bool
+	delivered     int64 // distinct events handled in the delivery phase
+	latencyEvents int
+	latencies     []time.Duration
+	offeredRate   float64 // latency-phase commits per second actually achieved
+	duplicates    int64
+	unknown       int64
+	err           error
+}
+
+// runSystem takes one system through setup, enqueue, delivery and latency
+// phases. Errors are recorded in the result so later systems still run.
+func runSystem(ctx context.Context, pool *pgxpool.Pool, cfg config, info systemInfo) (res result) {
+	res.info = info
+	sys := info.new(Options{Workers: cfg.workers})
+	if res.err = sys.Setup(ctx, pool); res.err != nil {
+		res.err = fmt.Errorf("setup: %w", res.err)
+		return res
+	}
+	if res.err = sys.Reset(ctx); res.err != nil {
+		res.err = fmt.Errorf("reset: %w", res.err)
+		return res
+	}
+	if cfg.prefill > 0 {
+		logf("%s: prefilling %d delivered rows", info.name, cfg.prefill)
+		if res.err = sys.Prefill(ctx, cfg.prefill); res.err != nil {
+			res.err = fmt.Errorf("prefill: %w", res.err)
+			return res
+		}
+	}
+	if res.err = quiesce(ctx, pool, "bench_orders"); res.err != nil {
+		return res
+	}
+
+	n := cfg.events
+	res.latencyEvents = cfg.rate * cfg.latencySeconds
+	t := newTracker(n + res.latencyEvents)
+
+	// 1. Enqueue phase: no consumers running.
+	elapsed, err := runProducers(ctx, pool, cfg.producers, sys.Enqueue, 1, n, nil, nil)
+	if err != nil {
+		res.err = fmt.Errorf("enqueue phase: %w", err)
+		return res
+	}
+	res.enqueueRate = float64(n) / elapsed.Seconds()
+	logf("%s: enqueue %.0f ev/s", info.name, res.enqueueRate)
+
+	// 2. Delivery phase: from Start until the last of the n events has been
+	// handled once.
+	runCtx, cancelRun := context.WithCancel(ctx)
+	defer cancelRun()
+	start := t.now()
+	if err := sys.Start(runCtx, t.handle); err != nil {
+		res.err = fmt.Errorf("start: %w", err)
+		return res
+	}
+	defer func() {
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if err := sys.Stop(stopCtx); err != nil && res.err == nil {
+			res.err = fmt.Errorf("stop: %w", err)
+		}
+		res.duplicates = t.total.Load() - t.distinct.Load()
+		res.unknown = t.unknown.Load()
+	}()
+	res.deliverDone = t.waitDistinct(ctx, int64(n), cfg.phaseTimeout)
+	res.delivered = t.distinct.Load()
+	if !res.deliverDone {
+		res.err = fmt.Errorf("delivery phase: only %d of %d events handled within %s", res.delivered, n, cfg.phaseTimeout)
+		return res
+	}
+	res.deliverRate = float64(n) / (t.lastFirstSeen(1, n) - time.Duration(start)).Seconds()
+	logf("%s: deliver %.0f ev/s", info.name, res.deliverRate)
+
+	// 3. Latency phase: consumers keep running; producers offer a fixed
+	// rate and each event's commit-to-handle time is recorded.
+	if res.latencyEvents > 0 {
+		first := int64(n + 1)
+		elapsed, err := runProducers(ctx, pool, cfg.producers, sys.Enqueue, first, res.latencyEvents,
+			paced(ctx, first, res.latencyEvents, cfg.rate), t.markCommitted)
+		if err != nil {
+			res.err = fmt.Errorf("latency phase: %w", err)
+			return res
+		}
+		res.offeredRate = float64(res.latencyEvents) / elapsed.Seconds()
+		if !t.waitDistinct(ctx, int64(n+res.latencyEvents), cfg.phaseTimeout) {
+			res.err = fmt.Errorf("latency phase: only %d of %d events handled within %s",
+				t.distinct.Load()-int64(n), res.latencyEvents, cfg.phaseTimeout)
+		}
+		res.latencies = t.latencies(first, res.latencyEvents)
+		logf("%s: latency p50 %s p99 %s", info.name,
+			percentile(res.latencies, 50), percentile(res.latencies, 99))
+	}
+	// Give late redeliveries a moment to show up as duplicates.
+	sleep(ctx, 500*time.Millisecond)
+	return res
+}
+
+// ensureDatabase creates the DSN's database if it does not exist, connecting
+// through the "test" database to do so.
+func ensureDatabase(ctx context.Context, dsn string) error {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return err
+	}
+	name := cfg.Database
+	cfg.Database = "test"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("connect to test database: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, name).Scan(&exists); err != nil {
+		return err
+	}
+	if exists {
+		return nil
+	}
+	logf("creating database %s", name)
+	_, err = conn.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize())
+	return err
+}
+
+// describeEnvironment returns the facts about the run's environment that
+// affect the numbers.
+func describeEnvironment(ctx context.Context, pool *pgxpool.Pool) (string, error) {
+	var version, syncCommit, sharedBuffers string
+	err := pool.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('synchronous_commit'), current_setting('shared_buffers')`).
+		Scan(&version, &syncCommit, &sharedBuffers)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("PostgreSQL %s (synchronous_commit=%s, shared_buffers=%s), %s, %s/%s, %d CPUs, GOMAXPROCS %d",
+		version, syncCommit, sharedBuffers, runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0)), nil
+}
+
+// logf prints a progress line to stderr.
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05.000")}, args...)...)
+}
