@@ -1,0 +1,157 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"go.uber.org/fx"
+	"go.uber.org/zap"
+
+	"github.com/millpond/millpond/bus"
+	"github.com/millpond/millpond/fxmodule"
+	"github.com/millpond/millpond/outbox"
+)
+
+// config is the service's configuration from flags and environment.
+type config struct {
+	// Addr is the HTTP listen address.
+	Addr string
+	// DatabaseURL is given to outbox.Open.
+	DatabaseURL string
+	// Lease is the outbox lease of every handler's claims.
+	Lease time.Duration
+	// HandlerDelay makes every handler sleep before its work (tests only).
+	HandlerDelay time.Duration
+}
+
+// Environment variables read as flag defaults.
+const (
+	envAddr         = "ORDERS_ADDR"
+	envDatabaseURL  = "ORDERS_DATABASE_URL"
+	envLease        = "ORDERS_LEASE"
+	envHandlerDelay = "ORDERS_HANDLER_DELAY"
+)
+
+// parseConfig reads flags over environment variables over defaults.
+func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
+	or := func(name, def string) string {
+		if v := getenv(name); v != "" {
+			return v
+		}
+		return def
+	}
+	duration := func(name string, def time.Duration) (time.Duration, error) {
+		v := getenv(name)
+		if v == "" {
+			return def, nil
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", name, err)
+		}
+		return d, nil
+	}
+	lease, err := duration(envLease, 30*time.Second)
+	if err != nil {
+		return config{}, err
+	}
+	delay, err := duration(envHandlerDelay, 0)
+	if err != nil {
+		return config{}, err
+	}
+
+	var cfg config
+	fs := flag.NewFlagSet("orders", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.Addr, "addr", or(envAddr, ":8080"), "HTTP listen address (env "+envAddr+")")
+	fs.StringVar(&cfg.DatabaseURL, "db", or(envDatabaseURL, "orders.db"),
+		"SQLite file path or sqlite:path, or a postgres:// or mysql:// URL (env "+envDatabaseURL+")")
+	fs.DurationVar(&cfg.Lease, "lease", lease, "outbox lease of each handler's claims, 1s-1h (env "+envLease+")")
+	if err := fs.Parse(args); err != nil {
+		return config{}, err
+	}
+	if fs.NArg() > 0 {
+		return config{}, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	cfg.HandlerDelay = delay
+	if cfg.Lease < outbox.MinLease || cfg.Lease > outbox.MaxLease {
+		return config{}, fmt.Errorf("lease %s is outside %s-%s", cfg.Lease, outbox.MinLease, outbox.MaxLease)
+	}
+	if cfg.HandlerDelay < 0 {
+		return config{}, fmt.Errorf("%s %s is negative", envHandlerDelay, cfg.HandlerDelay)
+	}
+	cfg.DatabaseURL = databaseURL(cfg.DatabaseURL)
+	return cfg, nil
+}
+
+// databaseURL turns a bare file path into a sqlite: URL and leaves URLs as
+// they are.
+func databaseURL(v string) string {
+	lower := strings.ToLower(v)
+	for _, prefix := range []string{"postgres://", "postgresql://", "mysql://", "mariadb://", "sqlite:", "file:"} {
+		if strings.HasPrefix(lower, prefix) {
+			return v
+		}
+	}
+	return "sqlite:" + v
+}
+
+// newLogger returns the application's zap logger.
+func newLogger(lc fx.Lifecycle) (*zap.Logger, error) {
+	log, err := zap.NewProduction()
+	if err != nil {
+		return nil, fmt.Errorf("orders: build logger: %w", err)
+	}
+	log = log.With(zap.String("service", "orders"))
+	// Sync errors on a terminal's stderr are expected; ignore them.
+	lc.Append(fx.StopHook(func() { _ = log.Sync() }))
+	return log, nil
+}
+
+// newApp assembles the fx application.
+func newApp(cfg config) *fx.App {
+	return fx.New(
+		fx.Supply(cfg),
+		fx.Provide(newLogger),
+		fx.Supply(fxmodule.Config{
+			DatabaseURL: cfg.DatabaseURL,
+			AutoMigrate: true,
+			Bus: bus.Config{Subscriber: outbox.SubscriberConfig{
+				Lease:       cfg.Lease,
+				MaxInFlight: 4,
+			}},
+		}),
+		fxmodule.Module,
+		fxmodule.WithZapLogger(),
+		fx.Provide(
+			newDomain,
+			newWorkers,
+			fxmodule.AsHandler(newReserveStock),
+			fxmodule.AsHandler(newNotify),
+			fxmodule.AsHandler(newReadModelPlaced),
+			fxmodule.AsHandler(newReadModelReserved),
+			fxmodule.AsHandler(newReadModelRejected),
+			fxmodule.AsHandler(newReadModelNotified),
+			newHTTPServer,
+		),
+		fx.Invoke(func(*http.Server) {}),
+	)
+}
+
+func main() {
+	cfg, err := parseConfig(os.Args[1:], os.Getenv, os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "orders:", err)
+		os.Exit(2)
+	}
+	newApp(cfg).Run()
+}
