@@ -14,6 +14,10 @@ import (
 	_ "modernc.org/sqlite" // the embedded default dialect
 )
 
+// DefaultPostgresMaxConns is the pool size Open gives a PostgreSQL pool
+// whose URL sets no pool_max_conns.
+const DefaultPostgresMaxConns = 20
+
 // SQLiteDSN returns a modernc.org/sqlite data source name for a database
 // file with the settings the outbox relies on: WAL journal, a 10 s busy
 // timeout, full fsync on commit and BEGIN IMMEDIATE transactions, so a
@@ -25,7 +29,8 @@ func SQLiteDSN(path string) string {
 // Open connects to the database a URL names and returns a Store that owns
 // the connection (Close closes it):
 //
-//	postgres://user:pass@host:5432/db?sslmode=disable   (also postgresql://)
+//	postgres://user:pass@host:5432/db?sslmode=disable   (also postgresql://;
+//	                                                     pool_max_conns, default 20)
 //	mysql://user:pass@host:3306/db
 //	sqlite:///path/to/file.db  or  sqlite:file.db
 //
@@ -37,7 +42,17 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
 	}
 	switch strings.ToLower(scheme) {
 	case "postgres", "postgresql":
-		pool, err := pgxpool.New(ctx, rawURL)
+		config, err := pgxpool.ParseConfig(rawURL)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: open postgres: %w", err)
+		}
+		if !strings.Contains(rawURL, "pool_max_conns") {
+			// pgxpool's default (the larger of 4 and the CPU count) is too
+			// small once every subscription claims, acknowledges and extends
+			// leases beside the application's own transactions.
+			config.MaxConns = max(config.MaxConns, DefaultPostgresMaxConns)
+		}
+		pool, err := pgxpool.NewWithConfig(ctx, config)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: open postgres: %w", err)
 		}

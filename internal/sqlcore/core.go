@@ -287,7 +287,7 @@ func (c *Core) Claim(ctx context.Context, req ClaimRequest) ([]Claimed, error) {
 // them, in one transaction.
 func (c *Core) claimMySQL(ctx context.Context, req ClaimRequest) ([]Claimed, error) {
 	var out []Claimed
-	err := inTx(ctx, c.db, &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
+	err := inTxRetry(ctx, c.db, &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
 		out = out[:0]
 		q := c.stmts.claimSelect
 		rows, err := tx.QueryContext(ctx, q.text, q.args(map[string]any{
@@ -395,7 +395,7 @@ func (c *Core) AcknowledgeBatch(ctx context.Context, rs []Receipt) (stale []Rece
 // earlier at the same instant looks the same), so the lock decides.
 func (c *Core) ackMySQL(ctx context.Context, rs []Receipt) (map[int64]bool, error) {
 	var settled map[int64]bool
-	err := inTx(ctx, c.db, &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
+	err := inTxRetry(ctx, c.db, &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
 		text, extra := expandPairs(c.dialect, c.stmts.ack.text, rs)
 		live, err := c.queryIDs(ctx, tx, text, append(c.stmts.ack.args(map[string]any{"now": c.nowArg()}), extra...))
 		if err != nil {
@@ -459,7 +459,8 @@ func (c *Core) Fail(ctx context.Context, r Receipt, f Failure) (FailOutcome, err
 	var status string
 	found := false
 	if c.dialect == MySQL {
-		err := inTx(ctx, c.db, nil, func(tx Tx) error {
+		err := inTxRetry(ctx, c.db, nil, func(tx Tx) error {
+			found, status = false, ""
 			res, err := tx.ExecContext(ctx, c.stmts.fail.text, c.stmts.fail.args(vals)...)
 			if err != nil {
 				return err
@@ -542,7 +543,7 @@ func (c *Core) ExtendBatch(ctx context.Context, rs []Receipt, lease time.Duratio
 		text, extra := expandPairs(c.dialect, c.stmts.extend.text, rs)
 		err = scan(c.db, text, append(c.stmts.extend.args(map[string]any{"lease": micros(lease), "now": c.nowArg()}), extra...))
 	case MySQL:
-		err = inTx(ctx, c.db, nil, func(tx Tx) error {
+		err = inTxRetry(ctx, c.db, nil, func(tx Tx) error {
 			clear(extended)
 			now, err := c.resolveNow(ctx, tx)
 			if err != nil {
@@ -569,7 +570,9 @@ func (c *Core) ExtendBatch(ctx context.Context, rs []Receipt, lease time.Duratio
 }
 
 // Release hands claimed events back without counting the attempt, for events
-// claimed but never given to a handler. It returns how many were released.
+// claimed but never given to a handler. Only live claims are released; a
+// stale receipt (wrong key, expired lease) changes nothing, so a late
+// release cannot refund an attempt. It returns how many were released.
 func (c *Core) Release(ctx context.Context, rs []Receipt) (int, error) {
 	if err := validateReceipts(rs); err != nil {
 		return 0, err

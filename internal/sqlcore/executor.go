@@ -3,6 +3,11 @@ package sqlcore
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"math/rand/v2"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 // Result is what an executed statement reports.
@@ -68,4 +73,30 @@ func inTx(ctx context.Context, db DB, opts *sql.TxOptions, fn func(Tx) error) er
 		return err
 	}
 	return tx.Commit()
+}
+
+// inTxRetry is inTx for statements that are safe to run again as a whole:
+// when the database aborts the transaction to break a deadlock (which
+// InnoDB does now and then between concurrent SKIP LOCKED claims), it runs
+// fn again, up to three times. fn must reset any state it fills.
+func inTxRetry(ctx context.Context, db DB, opts *sql.TxOptions, fn func(Tx) error) error {
+	var err error
+	for attempt := range 4 {
+		if err = inTx(ctx, db, opts, fn); err == nil || !deadlocked(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(attempt+1) * time.Duration(1+rand.IntN(5)) * time.Millisecond):
+		}
+	}
+	return err
+}
+
+// deadlocked reports whether err is MySQL's "deadlock found" or "lock wait
+// timeout", after which the whole transaction may simply be run again.
+func deadlocked(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == 1213 || me.Number == 1205)
 }
