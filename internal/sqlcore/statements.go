@@ -68,8 +68,10 @@ ORDER BY stream, consumer_group`)
 	// registered must neither hand the old event to the new group nor skip
 	// the content check. One unique-index probe per group keeps this cheap
 	// (a lookup by stream and key alone would scan the stream's rows).
-	known := `FROM millpond_outbox k WHERE k.stream = @stream AND k.event_key = @key
-  AND k.consumer_group IN (SELECT consumer_group FROM millpond_subscriptions WHERE stream = @stream UNION ALL SELECT '')`
+	// (MariaDB plans an IN (... UNION ...) subquery as a dependent subquery
+	// over a full scan; the join keeps the probes.)
+	known := `FROM (SELECT consumer_group FROM millpond_subscriptions WHERE stream = @stream UNION ALL SELECT '') kg
+  JOIN millpond_outbox k ON k.stream = @stream AND k.consumer_group = kg.consumer_group AND k.event_key = @key`
 	s.existing = c("SELECT k.id, k.content_hash " + known + "\nORDER BY k.id LIMIT 1")
 	insertCols := "INSERT INTO millpond_outbox (stream, consumer_group, event_key, event_kind, payload, metadata, content_hash, status, available_at, created_at)\n"
 
@@ -112,7 +114,7 @@ WHERE o.id = r.id AND o.claim_key = r.claim_key AND o.status = 'processing' AND 
 RETURNING o.id, o.available_at`)
 		s.release = c(`UPDATE millpond_outbox o SET status = 'pending', attempts = GREATEST(o.attempts - 1, 0), available_at = @now
 FROM unnest(@ids::BIGINT[], @keys::TEXT[]) AS r(id, claim_key)
-WHERE o.id = r.id AND o.claim_key = r.claim_key AND o.status = 'processing'`)
+WHERE o.id = r.id AND o.claim_key = r.claim_key AND o.status = 'processing' AND o.available_at > @now`)
 		s.requeue = c(`UPDATE millpond_outbox SET status = 'pending', attempts = 0, available_at = @now, last_error = ''
 WHERE status = 'dead_letter' AND stream = @stream AND id = ANY(@ids::BIGINT[])`)
 		s.purge = c(`DELETE FROM millpond_outbox WHERE id IN (
@@ -154,7 +156,7 @@ WHERE id = @id AND claim_key = @key AND status = 'processing' AND available_at >
 WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})`)
 		s.extendCheck = c(`SELECT id, available_at FROM millpond_outbox WHERE status = 'processing' AND available_at = @expires AND (id, claim_key) IN ({pairs})`)
 		s.release = c(`UPDATE millpond_outbox SET status = 'pending', attempts = GREATEST(attempts - 1, 0), available_at = @now
-WHERE status = 'processing' AND (id, claim_key) IN ({pairs})`)
+WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})`)
 		s.requeue = c(`UPDATE millpond_outbox SET status = 'pending', attempts = 0, available_at = @now, last_error = ''
 WHERE status = 'dead_letter' AND stream = @stream AND id IN ({ids})`)
 		s.purge = c(`DELETE FROM millpond_outbox WHERE status = 'delivered' AND delivered_at < @now - @horizon ORDER BY delivered_at LIMIT @limit`)
@@ -192,7 +194,7 @@ RETURNING status`)
 WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})
 RETURNING id, available_at`)
 		s.release = c(`UPDATE millpond_outbox SET status = 'pending', attempts = MAX(attempts - 1, 0), available_at = @now
-WHERE status = 'processing' AND (id, claim_key) IN ({pairs})`)
+WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})`)
 		s.requeue = c(`UPDATE millpond_outbox SET status = 'pending', attempts = 0, available_at = @now, last_error = ''
 WHERE status = 'dead_letter' AND stream = @stream AND id IN ({ids})`)
 		s.purge = c(`DELETE FROM millpond_outbox WHERE id IN (

@@ -1,0 +1,241 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/millpond/millpond/internal/testdb"
+	"github.com/millpond/millpond/outbox"
+)
+
+// cli runs the command in-process and returns its exit code and output.
+func cli(t *testing.T, env map[string]string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = run(context.Background(), args, &out, &errb, func(k string) string { return env[k] })
+	t.Logf("millpond %s -> %d\n%s%s", strings.Join(redactArgs(args), " "), code, out.String(), errb.String())
+	return code, out.String(), errb.String()
+}
+
+func redactArgs(args []string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = a
+		if strings.Contains(a, "://") {
+			out[i] = redact(a)
+		}
+	}
+	return out
+}
+
+// row finds the table row whose first cells are prefix and returns its cells.
+func row(t *testing.T, table string, prefix ...string) []string {
+	t.Helper()
+	for _, line := range strings.Split(table, "\n") {
+		cells := strings.Fields(line)
+		if len(cells) >= len(prefix) && slicesEqual(cells[:len(prefix)], prefix) {
+			return cells
+		}
+	}
+	t.Fatalf("no row starting %q in\n%s", prefix, table)
+	return nil
+}
+
+func slicesEqual(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestAdminCommand(t *testing.T) {
+	for _, dialect := range testdb.Dialects {
+		t.Run(dialect, func(t *testing.T) {
+			db := testdb.New(t, dialect)
+			ctx := context.Background()
+			flagDB := []string{"-db", db.URL}
+
+			// migrate, twice: idempotent.
+			for range 2 {
+				code, out, _ := cli(t, nil, append(flagDB, "migrate")...)
+				if code != 0 || !strings.Contains(out, "up to date") {
+					t.Fatalf("migrate: code %d, output %q", code, out)
+				}
+			}
+
+			// Enqueue 4 events through the Store; deliver 3, dead-letter 1.
+			store := db.Store(t)
+			tx, commit, rollback := db.Begin(t)
+			for i := range 4 {
+				ev := outbox.Event{Stream: "orders", Key: fmt.Sprintf("order-%d", i), Kind: "OrderPlaced", Payload: []byte(`{}`)}
+				if _, err := store.Enqueue(ctx, tx, ev); err != nil {
+					rollback()
+					t.Fatal(err)
+				}
+			}
+			if err := commit(); err != nil {
+				t.Fatal(err)
+			}
+			claimed, err := store.Claim(ctx, outbox.ClaimRequest{Stream: "orders", Worker: "cli-test", Limit: 10, Lease: time.Minute, MaxAttempts: 1})
+			if err != nil || len(claimed) != 4 {
+				t.Fatalf("claim: %d events, %v", len(claimed), err)
+			}
+			deadID := claimed[3].ID
+			out, err := store.Fail(ctx, claimed[3].Receipt(), outbox.Failure{Reason: "payment service said no", MaxAttempts: 1})
+			if err != nil || !out.DeadLettered {
+				t.Fatalf("fail: %+v, %v", out, err)
+			}
+			if stale, err := store.AcknowledgeBatch(ctx, []outbox.Receipt{claimed[0].Receipt(), claimed[1].Receipt(), claimed[2].Receipt()}); err != nil || len(stale) > 0 {
+				t.Fatalf("ack: %d stale, %v", len(stale), err)
+			}
+
+			// The database may also come from the environment.
+			env := map[string]string{EnvDatabaseURL: db.URL}
+			code, stdout, _ := cli(t, env, "stats")
+			if code != 0 {
+				t.Fatalf("stats: code %d", code)
+			}
+			if got := row(t, stdout, "orders", "(default)"); got[2] != "0" || got[3] != "0" || got[4] != "1" {
+				t.Fatalf("stats row %q: want 0 pending, 0 processing, 1 dead", got)
+			}
+
+			code, stdout, _ = cli(t, nil, append(flagDB, "dead", "list", "-stream", "orders")...)
+			if code != 0 {
+				t.Fatalf("dead list: code %d", code)
+			}
+			got := row(t, stdout, fmt.Sprint(deadID))
+			if got[1] != "(default)" || got[2] != "order-3" || got[3] != "OrderPlaced" || got[4] != "1" || !strings.Contains(stdout, "payment service said no") {
+				t.Fatalf("dead list row %q", got)
+			}
+			if n := strings.Count(strings.TrimSpace(stdout), "\n"); n != 1 {
+				t.Fatalf("dead list: want a header and one row, got %d rows", n)
+			}
+			// Paging past the last id and another group list nothing.
+			for _, args := range [][]string{{"-after", fmt.Sprint(deadID)}, {"-group", "billing"}} {
+				code, stdout, _ = cli(t, nil, append(append(flagDB, "dead", "list", "-stream", "orders"), args...)...)
+				if code != 0 || strings.Count(strings.TrimSpace(stdout), "\n") != 0 {
+					t.Fatalf("dead list %v: code %d, output %q", args, code, stdout)
+				}
+			}
+			code, stdout, _ = cli(t, nil, append(flagDB, "dead", "list", "-stream", "orders", "-all-groups", "-limit", "1")...)
+			if code != 0 || !strings.Contains(stdout, "order-3") {
+				t.Fatalf("dead list -all-groups: code %d, output %q", code, stdout)
+			}
+
+			// Requeue it (ids after the flags, and a repeat that is not dead).
+			code, stdout, _ = cli(t, nil, append(flagDB, "dead", "requeue", "-stream", "orders", fmt.Sprint(deadID), fmt.Sprint(claimed[0].ID))...)
+			if code != 0 || !strings.Contains(stdout, "requeued 1 of 2 events") {
+				t.Fatalf("dead requeue: code %d, output %q", code, stdout)
+			}
+			code, stdout, _ = cli(t, nil, append(flagDB, "stats")...)
+			if got := row(t, stdout, "orders", "(default)"); code != 0 || got[2] != "1" || got[4] != "0" {
+				t.Fatalf("stats after requeue: code %d, row %q: want 1 pending, 0 dead", code, got)
+			}
+			again, err := store.Claim(ctx, outbox.ClaimRequest{Stream: "orders", Worker: "cli-test", Limit: 10, Lease: time.Minute, MaxAttempts: 1})
+			if err != nil || len(again) != 1 || again[0].ID != deadID || again[0].Attempts != 1 {
+				t.Fatalf("claim after requeue: %v, %v", again, err)
+			}
+
+			// Purge: a long horizon keeps everything, zero deletes the 3 delivered.
+			code, stdout, _ = cli(t, nil, append(flagDB, "purge", "-older-than", "168h")...)
+			if code != 0 || !strings.Contains(stdout, "purged 0 ") {
+				t.Fatalf("purge 168h: code %d, output %q", code, stdout)
+			}
+			time.Sleep(5 * time.Millisecond) // delivered_at is strictly in the past
+			code, stdout, _ = cli(t, nil, append(flagDB, "purge", "-older-than", "0s", "-limit", "2")...)
+			if code != 0 || !strings.Contains(stdout, "purged 2 ") {
+				t.Fatalf("purge -limit 2: code %d, output %q", code, stdout)
+			}
+			code, stdout, _ = cli(t, nil, append(flagDB, "purge", "-older-than", "0s")...)
+			if code != 0 || !strings.Contains(stdout, "purged 1 ") {
+				t.Fatalf("purge: code %d, output %q", code, stdout)
+			}
+			if n := db.Count(t, "SELECT COUNT(*) FROM millpond_outbox"); n != 1 {
+				t.Fatalf("%d rows left after purge, want the 1 processing event", n)
+			}
+
+			// migrate -down removes the schema; stats then fails with code 1.
+			code, stdout, _ = cli(t, nil, append(flagDB, "migrate", "-down")...)
+			if code != 0 || !strings.Contains(stdout, "removed") {
+				t.Fatalf("migrate -down: code %d, output %q", code, stdout)
+			}
+			if code, _, stderr := cli(t, nil, append(flagDB, "stats")...); code != 1 || stderr == "" {
+				t.Fatalf("stats without schema: code %d, stderr %q; want 1 and an error", code, stderr)
+			}
+		})
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	env := map[string]string{EnvDatabaseURL: "sqlite:" + t.TempDir() + "/never-opened.db"}
+	cases := [][]string{
+		{},
+		{"frobnicate"},
+		{"-nope", "stats"},
+		{"stats", "extra"},
+		{"dead"},
+		{"dead", "bury"},
+		{"dead", "list"},
+		{"dead", "list", "-stream", "s", "-group", "g", "-all-groups"},
+		{"dead", "list", "-stream", "s", "-limit", "0"},
+		{"dead", "list", "-stream", "s", "-limit", "1001"},
+		{"dead", "list", "-stream", "s", "-after", "-1"},
+		{"dead", "list", "-stream", "bad stream"},
+		{"dead", "requeue", "-stream", "s"},
+		{"dead", "requeue", "1"},
+		{"dead", "requeue", "-stream", "s", "one"},
+		{"dead", "requeue", "-stream", "s", "0"},
+		{"purge"},
+		{"purge", "-older-than", "-1h"},
+		{"purge", "-older-than", "soon"},
+		{"purge", "-older-than", "1h", "-limit", "-5"},
+		{"migrate", "-down=maybe"},
+	}
+	for _, args := range cases {
+		if code, _, stderr := cli(t, env, args...); code != exitUsage || stderr == "" {
+			t.Errorf("millpond %q: code %d, stderr %q; want %d and a message", args, code, stderr, exitUsage)
+		}
+	}
+	if code, _, _ := cli(t, nil, "stats"); code != exitUsage {
+		t.Errorf("stats without a database: code %d, want %d", code, exitUsage)
+	}
+	for _, args := range [][]string{{"-h"}, {"help"}, {"purge", "-h"}} {
+		if code, _, _ := cli(t, env, args...); code != exitOK {
+			t.Errorf("millpond %q: code %d, want 0", args, code)
+		}
+	}
+}
+
+func TestPasswordsNeverPrinted(t *testing.T) {
+	const secret = "hunter2-S3cret"
+	urls := []string{
+		"postgres://admin:" + secret + "@127.0.0.1:1/db?sslmode=disable&connect_timeout=2",
+		"postgres://admin@127.0.0.1:1/db?sslmode=disable&connect_timeout=2&password=" + secret,
+		"mysql://admin:" + secret + "@127.0.0.1:1/db",
+		"postgres://admin:" + secret + "@127.0.0.1:1/db?sslmode=bogus", // a parse error
+	}
+	for _, u := range urls {
+		for _, args := range [][]string{{"-db", u, "stats"}, {"stats", "-db", u}, {"migrate", "-db", u}} {
+			code, stdout, stderr := cli(t, nil, args...)
+			if code != exitFailure {
+				t.Errorf("%s: code %d, want %d", redact(u), code, exitFailure)
+			}
+			if strings.Contains(stdout+stderr, secret) {
+				t.Errorf("%s: output shows the password:\n%s%s", redact(u), stdout, stderr)
+			}
+			if !regexp.MustCompile(`(postgres|mysql)://admin`).MatchString(stderr) {
+				t.Errorf("%s: error does not name the (redacted) database: %q", redact(u), stderr)
+			}
+		}
+	}
+}

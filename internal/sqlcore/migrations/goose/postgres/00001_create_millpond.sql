@@ -1,0 +1,53 @@
+-- Generated from the golang-migrate files of this dialect; keep in step
+-- (go test ./internal/sqlcore -run TestGooseMigrations -update-goose).
+
+-- +goose Up
+CREATE TABLE IF NOT EXISTS millpond_outbox (
+    id             BIGSERIAL PRIMARY KEY,
+    stream         VARCHAR(128) NOT NULL,
+    consumer_group VARCHAR(128) NOT NULL DEFAULT '',
+    event_key      VARCHAR(128) NOT NULL,
+    event_kind     VARCHAR(128) NOT NULL,
+    payload        BYTEA NOT NULL,
+    metadata       TEXT NOT NULL DEFAULT '{}',
+    content_hash   CHAR(64) NOT NULL,
+    status         VARCHAR(16) NOT NULL,
+    attempts       INTEGER NOT NULL DEFAULT 0,
+    claimed_by     VARCHAR(128) NOT NULL DEFAULT '',
+    claim_key      VARCHAR(32) NOT NULL DEFAULT '',
+    available_at   BIGINT NOT NULL,
+    created_at     BIGINT NOT NULL,
+    delivered_at   BIGINT,
+    last_error     VARCHAR(512) NOT NULL DEFAULT '',
+    CONSTRAINT millpond_outbox_event_unique UNIQUE (stream, consumer_group, event_key),
+    CONSTRAINT millpond_outbox_status_check CHECK (status IN ('pending', 'processing', 'delivered', 'dead_letter'))
+);
+CREATE INDEX IF NOT EXISTS millpond_outbox_due_idx ON millpond_outbox (stream, consumer_group, id)
+    WHERE status IN ('pending', 'processing');
+CREATE INDEX IF NOT EXISTS millpond_outbox_dead_idx ON millpond_outbox (stream, consumer_group, id)
+    WHERE status = 'dead_letter';
+CREATE INDEX IF NOT EXISTS millpond_outbox_delivered_idx ON millpond_outbox (delivered_at)
+    WHERE status = 'delivered';
+CREATE TABLE IF NOT EXISTS millpond_subscriptions (
+    stream         VARCHAR(128) NOT NULL,
+    consumer_group VARCHAR(128) NOT NULL,
+    event_kind     VARCHAR(128) NOT NULL DEFAULT '',
+    created_at     BIGINT NOT NULL,
+    PRIMARY KEY (stream, consumer_group, event_kind)
+);
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION millpond_outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('millpond_outbox', NEW.stream);
+    RETURN NULL;
+END
+$$;
+-- +goose StatementEnd
+DROP TRIGGER IF EXISTS millpond_outbox_notify ON millpond_outbox;
+CREATE TRIGGER millpond_outbox_notify AFTER UPDATE OF status ON millpond_outbox
+    FOR EACH ROW WHEN (NEW.status = 'pending') EXECUTE FUNCTION millpond_outbox_notify();
+
+-- +goose Down
+DROP TABLE IF EXISTS millpond_outbox;
+DROP FUNCTION IF EXISTS millpond_outbox_notify();
+DROP TABLE IF EXISTS millpond_subscriptions;
