@@ -230,20 +230,22 @@ type subscription struct {
 	acks   chan Receipt
 	logger watermill.LoggerAdapter
 
-	mu   sync.Mutex
-	held map[int64]Receipt // every claimed, unsettled event (for lease extension)
+	mu      sync.Mutex
+	held    map[int64]Receipt // every claimed, unsettled event (for lease extension)
+	settled map[int64]bool    // held events whose ack is being written
 }
 
 func newSubscription(ctx context.Context, s *Subscriber, topic string) *subscription {
 	return &subscription{
 		s: s, cfg: &s.config, store: s.store, topic: topic, ctx: ctx,
-		stop:   make(chan struct{}),
-		out:    make(chan *message.Message),
-		queue:  make(chan Claimed, s.config.BatchSize),
-		taken:  make(chan struct{}, 1),
-		acks:   make(chan Receipt, 2*s.config.BatchSize+s.config.MaxInFlight),
-		logger: s.config.Logger.With(watermill.LogFields{"topic": topic, "consumer_group": s.config.ConsumerGroup}),
-		held:   map[int64]Receipt{},
+		stop:    make(chan struct{}),
+		out:     make(chan *message.Message),
+		queue:   make(chan Claimed, s.config.BatchSize),
+		taken:   make(chan struct{}, 1),
+		acks:    make(chan Receipt, 2*s.config.BatchSize+s.config.MaxInFlight),
+		logger:  s.config.Logger.With(watermill.LogFields{"topic": topic, "consumer_group": s.config.ConsumerGroup}),
+		held:    map[int64]Receipt{},
+		settled: map[int64]bool{},
 	}
 }
 
@@ -307,11 +309,21 @@ func (sub *subscription) claimLoop() {
 			Limit: room, Lease: sub.cfg.Lease, MaxAttempts: sub.cfg.MaxAttempts,
 		})
 		if err != nil {
+			// The first retry comes quickly: after a database restart every
+			// pooled connection fails once. Later ones back off; a wake-up
+			// cuts the wait short.
 			failures++
-			delay := min(sub.cfg.PollInterval*time.Duration(1<<min(failures, 7)), 5*time.Second)
+			delay := 50 * time.Millisecond
+			if failures > 1 {
+				delay = min(sub.cfg.PollInterval*time.Duration(1<<min(failures, 7)), 5*time.Second)
+			}
 			sub.logger.Error("Claim failed; retrying", err, watermill.LogFields{"retry_in": delay.String()})
-			if !sleep(sub.stop, delay) {
+			idle.Reset(delay)
+			select {
+			case <-sub.stop:
 				return
+			case <-wake:
+			case <-idle.C:
 			}
 			continue
 		}
@@ -359,17 +371,6 @@ func (sub *subscription) claimLoop() {
 				break waiting
 			}
 		}
-	}
-}
-
-func sleep(stop <-chan struct{}, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-stop:
-		return false
-	case <-t.C:
-		return true
 	}
 }
 
@@ -430,6 +431,9 @@ func (sub *subscription) deliver(c Claimed) bool {
 	for {
 		select {
 		case <-msg.Acked():
+			sub.mu.Lock()
+			sub.settled[c.ID] = true
+			sub.mu.Unlock()
 			sub.acks <- c.Receipt()
 			return true
 		case <-msg.Nacked():
@@ -454,6 +458,7 @@ func (sub *subscription) forget(ids ...int64) {
 	sub.mu.Lock()
 	for _, id := range ids {
 		delete(sub.held, id)
+		delete(sub.settled, id)
 	}
 	sub.mu.Unlock()
 }
@@ -470,7 +475,7 @@ func (sub *subscription) fail(c Claimed, msg *message.Message) {
 	if msg.Metadata.Get(MetadataDeadLetterNow) != "" {
 		f.MaxAttempts = min(max(c.Attempts, 1), MaxAttempts) // retrying cannot help
 	}
-	err := retry(sub.stop, func() error {
+	err := retry(sub.stop, sub.cfg.Lease/2, func() error {
 		out, err := sub.store.Fail(context.WithoutCancel(sub.ctx), c.Receipt(), f)
 		if err == nil && out.DeadLettered {
 			sub.logger.Info("Event dead-lettered at the attempt limit", watermill.LogFields{"event_id": c.ID, "attempts": c.Attempts})
@@ -484,20 +489,27 @@ func (sub *subscription) fail(c Claimed, msg *message.Message) {
 	}
 }
 
-// retry runs op until it succeeds, fails with a stale claim, or three
-// attempts have failed.
-func retry(stop <-chan struct{}, op func() error) error {
-	var err error
-	for attempt := range 3 {
-		if err = op(); err == nil || errors.Is(err, ErrStaleClaim) {
+// retry runs op until it succeeds, fails with a stale claim, or budget has
+// passed, backing off from 50 ms to 1 s: long enough to ride out a database
+// restart without giving up on acks (which would mean redeliveries).
+func retry(stop <-chan struct{}, budget time.Duration, op func() error) error {
+	deadline := time.Now().Add(budget)
+	wait := 50 * time.Millisecond
+	for {
+		err := op()
+		if err == nil || errors.Is(err, ErrStaleClaim) || time.Now().Add(wait).After(deadline) {
 			return err
 		}
 		select {
 		case <-stop:
-		case <-time.After(time.Duration(50<<attempt) * time.Millisecond):
+			if budget > time.Second {
+				// Stopping: keep trying, but not for long.
+				deadline = time.Now().Add(time.Second)
+			}
+		case <-time.After(wait):
 		}
+		wait = min(2*wait, time.Second)
 	}
-	return err
 }
 
 func (sub *subscription) release(rs ...Receipt) {
@@ -555,7 +567,7 @@ func (sub *subscription) flushAcks(batch []Receipt) {
 	}
 	defer sub.forget(ids...)
 	var stale []Receipt
-	err := retry(nil, func() error {
+	err := retry(nil, sub.cfg.Lease/2, func() error {
 		var err error
 		stale, err = sub.store.AcknowledgeBatch(context.WithoutCancel(sub.ctx), batch)
 		return err
@@ -592,8 +604,17 @@ func (sub *subscription) extendLoop(stop <-chan struct{}) {
 				sub.logger.Error("Could not extend leases", err, watermill.LogFields{"events": len(chunk)})
 				continue
 			}
-			if len(stale) > 0 {
-				sub.logger.Info("Some held events lost their leases and may be delivered elsewhere", watermill.LogFields{"events": len(stale)})
+			// An event acked meanwhile is stale to Extend but not lost.
+			sub.mu.Lock()
+			lost := 0
+			for _, r := range stale {
+				if _, held := sub.held[r.ID]; held && !sub.settled[r.ID] {
+					lost++
+				}
+			}
+			sub.mu.Unlock()
+			if lost > 0 {
+				sub.logger.Info("Some held events lost their leases and may be delivered elsewhere", watermill.LogFields{"events": lost})
 			}
 		}
 	}
