@@ -42,6 +42,10 @@ func (s *millpondSystem) Setup(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	s.store = store
+	// Start from the current schema, whatever an earlier run left.
+	if err := store.MigrateDown(ctx); err != nil {
+		return err
+	}
 	return store.Migrate(ctx)
 }
 

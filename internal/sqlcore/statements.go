@@ -63,24 +63,23 @@ ORDER BY stream, consumer_group`)
 	// there is none, so no event is dropped.
 	groups := `SELECT DISTINCT consumer_group FROM millpond_subscriptions WHERE stream = @stream AND event_kind IN ('', @kind)
   UNION ALL SELECT '' %s WHERE NOT EXISTS (SELECT 1 FROM millpond_subscriptions WHERE stream = @stream AND event_kind IN ('', @kind))`
-	// An event is known when a group subscribed to the stream, or the
-	// default group, already holds its key: enqueuing it again after a group
-	// registered must neither hand the old event to the new group nor skip
-	// the content check. One unique-index probe per group keeps this cheap
-	// (a lookup by stream and key alone would scan the stream's rows).
-	// (MariaDB plans an IN (... UNION ...) subquery as a dependent subquery
-	// over a full scan; the join keeps the probes.)
-	known := `FROM (SELECT consumer_group FROM millpond_subscriptions WHERE stream = @stream UNION ALL SELECT '') kg
-  JOIN millpond_outbox k ON k.stream = @stream AND k.consumer_group = kg.consumer_group AND k.event_key = @key`
+	// An event is known when any row of the stream holds its key: enqueuing
+	// it again after a group registered must neither hand the old event to
+	// the new group nor skip the content check. The unique index leads with
+	// (stream, event_key), so this is one index probe.
+	known := `FROM millpond_outbox k WHERE k.stream = @stream AND k.event_key = @key`
 	s.existing = c("SELECT k.id, k.content_hash " + known + "\nORDER BY k.id LIMIT 1")
 	insertCols := "INSERT INTO millpond_outbox (stream, consumer_group, event_key, event_kind, payload, metadata, content_hash, status, available_at, created_at)\n"
 
 	switch d {
 	case Postgres:
-		s.enqueue = c(insertCols + `SELECT @stream::VARCHAR, g.consumer_group, @key::VARCHAR, @kind::VARCHAR, @payload::BYTEA, @metadata::TEXT, @hash::CHAR(64), 'pending', @now + @delay::BIGINT, @now
-FROM (` + strings.Replace(groups, "%s", "", 1) + `) g
+		// The groups are read once (a CTE) for the rows and for the default.
+		s.enqueue = c(`WITH g AS (
+  SELECT DISTINCT consumer_group FROM millpond_subscriptions WHERE stream = @stream AND event_kind IN ('', @kind::VARCHAR))
+` + insertCols + `SELECT @stream::VARCHAR, r.consumer_group, @key::VARCHAR, @kind::VARCHAR, @payload::BYTEA, @metadata::TEXT, @hash::CHAR(64), 'pending', @now + @delay::BIGINT, @now
+FROM (SELECT consumer_group FROM g UNION ALL SELECT '' WHERE NOT EXISTS (SELECT 1 FROM g)) r
 WHERE NOT EXISTS (SELECT 1 ` + known + `)
-ON CONFLICT (stream, consumer_group, event_key) DO NOTHING
+ON CONFLICT (stream, event_key, consumer_group) DO NOTHING
 RETURNING id`)
 		s.claim = c(`WITH due AS (
   SELECT id FROM millpond_outbox
@@ -168,7 +167,7 @@ WHERE status = 'dead_letter' AND stream = @stream AND id IN ({ids})`)
 		s.enqueue = c(insertCols + `SELECT @stream, g.consumer_group, @key, @kind, @payload, @metadata, @hash, 'pending', @now + @delay, @now
 FROM (` + strings.Replace(groups, "%s", "", 1) + `) AS g
 WHERE NOT EXISTS (SELECT 1 ` + known + `)
-ON CONFLICT (stream, consumer_group, event_key) DO NOTHING
+ON CONFLICT (stream, event_key, consumer_group) DO NOTHING
 RETURNING id`)
 		s.claim = c(`UPDATE millpond_outbox SET
   status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'processing' END,

@@ -15,7 +15,7 @@ CREATE TABLE IF NOT EXISTS millpond_outbox (
     created_at     BIGINT NOT NULL,
     delivered_at   BIGINT NULL,
     last_error     VARCHAR(512) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL DEFAULT '',
-    UNIQUE KEY millpond_outbox_event_unique (stream, consumer_group, event_key),
+    UNIQUE KEY millpond_outbox_event_unique (stream, event_key, consumer_group),
     KEY millpond_outbox_due_idx (stream, consumer_group, status, id),
     KEY millpond_outbox_delivered_idx (status, delivered_at)
 ) ENGINE=InnoDB;

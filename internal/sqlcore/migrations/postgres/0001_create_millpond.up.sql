@@ -15,7 +15,7 @@ CREATE TABLE IF NOT EXISTS millpond_outbox (
     created_at     BIGINT NOT NULL,
     delivered_at   BIGINT,
     last_error     VARCHAR(512) NOT NULL DEFAULT '',
-    CONSTRAINT millpond_outbox_event_unique UNIQUE (stream, consumer_group, event_key),
+    CONSTRAINT millpond_outbox_event_unique UNIQUE (stream, event_key, consumer_group),
     CONSTRAINT millpond_outbox_status_check CHECK (status IN ('pending', 'processing', 'delivered', 'dead_letter'))
 );
 CREATE INDEX IF NOT EXISTS millpond_outbox_due_idx ON millpond_outbox (stream, consumer_group, id)

@@ -19,7 +19,7 @@ CREATE TABLE IF NOT EXISTS millpond_outbox (
     created_at     INTEGER NOT NULL,
     delivered_at   INTEGER,
     last_error     TEXT NOT NULL DEFAULT '',
-    UNIQUE (stream, consumer_group, event_key)
+    UNIQUE (stream, event_key, consumer_group)
 );
 CREATE INDEX IF NOT EXISTS millpond_outbox_due_idx ON millpond_outbox (stream, consumer_group, id)
     WHERE status IN ('pending', 'processing');
