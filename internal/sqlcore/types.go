@@ -1,6 +1,7 @@
 package sqlcore
 
 import (
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"time"
@@ -69,6 +70,12 @@ func (e Event) LogValue() slog.Value {
 		slog.String("kind", e.Kind), slog.Int("payload_bytes", len(e.Payload)))
 }
 
+// MarshalJSON redacts like LogValue, so a slice of events logged through
+// slog's JSON handler (which marshals slices) hides them too.
+func (e Event) MarshalJSON() ([]byte, error) {
+	return json.Marshal(map[string]any{"stream": redacted, "key": redacted, "kind": e.Kind, "payload_bytes": len(e.Payload)})
+}
+
 // Enqueued is the result of an idempotent enqueue.
 type Enqueued struct {
 	// ID is the lowest row id of the event (one row per consumer group).
@@ -95,6 +102,11 @@ func (r Receipt) GoString() string { return r.String() }
 // LogValue redacts the claim key for log/slog.
 func (r Receipt) LogValue() slog.Value {
 	return slog.GroupValue(slog.Int64("id", r.ID), slog.String("claim_key", redacted))
+}
+
+// MarshalJSON redacts the claim key.
+func (r Receipt) MarshalJSON() ([]byte, error) {
+	return json.Marshal(map[string]any{"id": r.ID, "claim_key": redacted})
 }
 
 // Claimed is an event exclusively claimed by one worker until its lease expires.
@@ -140,6 +152,13 @@ func (c Claimed) LogValue() slog.Value {
 	return slog.GroupValue(slog.Int64("id", c.ID), slog.String("stream", redacted), slog.String("key", redacted),
 		slog.String("kind", c.Kind), slog.Int("payload_bytes", len(c.Payload)), slog.Int("attempts", c.Attempts),
 		slog.String("claim_key", redacted), slog.Time("lease_expires_at", c.LeaseExpiresAt))
+}
+
+// MarshalJSON redacts like LogValue.
+func (c Claimed) MarshalJSON() ([]byte, error) {
+	return json.Marshal(map[string]any{"id": c.ID, "stream": redacted, "group": redacted, "key": redacted,
+		"kind": c.Kind, "payload_bytes": len(c.Payload), "attempts": c.Attempts, "claim_key": redacted,
+		"lease_expires_at": c.LeaseExpiresAt})
 }
 
 // ClaimRequest asks for up to Limit due events of one stream and group.
@@ -238,6 +257,12 @@ func (d DeadEvent) GoString() string { return d.String() }
 func (d DeadEvent) LogValue() slog.Value {
 	return slog.GroupValue(slog.Int64("id", d.ID), slog.String("stream", redacted), slog.String("key", redacted),
 		slog.String("kind", d.Kind), slog.Int("attempts", d.Attempts), slog.String("last_error", d.LastError))
+}
+
+// MarshalJSON redacts like LogValue.
+func (d DeadEvent) MarshalJSON() ([]byte, error) {
+	return json.Marshal(map[string]any{"id": d.ID, "stream": redacted, "group": redacted, "key": redacted,
+		"kind": d.Kind, "attempts": d.Attempts, "last_error": d.LastError})
 }
 
 // StreamStats counts the rows of one stream and consumer group.
