@@ -1,6 +1,12 @@
 package outbox
 
-import "github.com/ThreeDotsLabs/watermill/message"
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
 
 // RecordHandlerError is a Watermill handler middleware that keeps a failed
 // handler's error text on the message, so the Subscriber stores it (sanitised
@@ -14,3 +20,35 @@ func RecordHandlerError(h message.HandlerFunc) message.HandlerFunc {
 		return out, err
 	}
 }
+
+type receiptKey struct{}
+
+// ReceiptFromContext returns the receipt of the delivery a Subscriber put
+// in a message's context. It is kept out of the metadata so that the claim
+// key never reaches logs or republished messages.
+func ReceiptFromContext(ctx context.Context) (Receipt, bool) {
+	r, ok := ctx.Value(receiptKey{}).(Receipt)
+	return r, ok
+}
+
+// metadataAckedInTx marks a message acknowledged by AcknowledgeMessageInTx.
+const metadataAckedInTx = "millpond_acked_in_tx"
+
+// AcknowledgeMessageInTx acknowledges a message delivered by a Subscriber
+// inside the caller's open transaction, together with the handler's own
+// writes: the event is delivered exactly when those writes commit, and
+// retried if they roll back. Ack the message afterwards as usual; the
+// Subscriber then writes no acknowledgement of its own.
+func (s *Store) AcknowledgeMessageInTx(ctx context.Context, tx any, msg *message.Message) error {
+	r, ok := ReceiptFromContext(msg.Context())
+	if !ok {
+		return fmt.Errorf("outbox: acknowledge message %s in a transaction: %w", msg.UUID, errNoReceipt)
+	}
+	if err := s.AcknowledgeInTx(ctx, tx, r); err != nil {
+		return err
+	}
+	msg.Metadata.Set(metadataAckedInTx, "true")
+	return nil
+}
+
+var errNoReceipt = errors.New("the message was not delivered by an outbox Subscriber")

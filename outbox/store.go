@@ -278,6 +278,26 @@ func (s *Store) AcknowledgeBatch(ctx context.Context, rs []Receipt) ([]Receipt, 
 	return stale, nil
 }
 
+// AcknowledgeInTx marks claimed events delivered inside the caller's open
+// transaction tx (pgx.Tx or *sql.Tx), so a handler's own writes and the
+// acknowledgement commit together or not at all: if tx rolls back, the
+// events stay claimed and are retried after their leases. It returns
+// ErrStaleClaim when a receipt no longer owns its event under a live lease.
+func (s *Store) AcknowledgeInTx(ctx context.Context, tx any, rs ...Receipt) error {
+	ex, err := txExecutor(tx)
+	if err != nil {
+		return err
+	}
+	stale, err := s.core.AcknowledgeInTx(ctx, ex, rs)
+	if err != nil {
+		return fmt.Errorf("outbox: acknowledge %d events in a transaction: %w", len(rs), err)
+	}
+	if len(stale) > 0 {
+		return fmt.Errorf("outbox: acknowledge %d of %d events in a transaction: %w", len(stale), len(rs), ErrStaleClaim)
+	}
+	return nil
+}
+
 // Fail settles a claim as failed: pending again after f.RetryDelay, or
 // dead-lettered at f.MaxAttempts. A stale claim returns ErrStaleClaim.
 func (s *Store) Fail(ctx context.Context, r Receipt, f Failure) (FailOutcome, error) {

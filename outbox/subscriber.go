@@ -405,6 +405,11 @@ func (sub *subscription) deliver(c Claimed) bool {
 	for k, v := range c.Metadata {
 		msg.Metadata.Set(k, v)
 	}
+	// Keys a handler sets to talk to this subscriber must not arrive already
+	// set (a handler may republish the message it got).
+	for _, k := range []string{MetadataHandlerError, MetadataDeadLetterNow, metadataAckedInTx} {
+		delete(msg.Metadata, k)
+	}
 	msg.Metadata.Set(MetadataKind, c.Kind)
 	if msg.Metadata.Get(MetadataCQRSName) == "" {
 		msg.Metadata.Set(MetadataCQRSName, c.Kind)
@@ -417,7 +422,7 @@ func (sub *subscription) deliver(c Claimed) bool {
 	// It is cancelled once the message is settled or the close timeout ends.
 	ctx, cancel := context.WithCancel(context.WithoutCancel(sub.ctx))
 	defer cancel()
-	msg.SetContext(ctx)
+	msg.SetContext(context.WithValue(ctx, receiptKey{}, c.Receipt()))
 
 	select {
 	case sub.out <- msg:
@@ -431,6 +436,12 @@ func (sub *subscription) deliver(c Claimed) bool {
 	for {
 		select {
 		case <-msg.Acked():
+			if msg.Metadata.Get(metadataAckedInTx) != "" {
+				// The handler acknowledged in its own transaction; if that
+				// rolled back, the lease expires and the event is retried.
+				sub.forget(c.ID)
+				return true
+			}
 			sub.mu.Lock()
 			sub.settled[c.ID] = true
 			sub.mu.Unlock()

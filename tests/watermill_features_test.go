@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/components/cqrs"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/millpond/millpond/internal/testdb"
 	"github.com/millpond/millpond/outbox"
@@ -305,5 +307,76 @@ func testCloseReleases(t *testing.T, dialect string) {
 	}
 	if n := db.Count(t, "SELECT COUNT(*) FROM millpond_outbox WHERE status = 'pending' AND attempts = 0"); n != 9 {
 		t.Fatalf("%d released with the attempt given back, want 9", n)
+	}
+}
+
+// TestAcknowledgeInTheHandlersTransaction shows exactly-once effects for a
+// handler that writes to the same database: its write and the
+// acknowledgement commit together, and a rolled-back attempt leaves
+// neither.
+func TestAcknowledgeInTheHandlersTransaction(t *testing.T) {
+	for _, dialect := range testdb.Dialects {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			db := testdb.New(t, dialect)
+			store := db.Store(t)
+			db.Exec(t, "CREATE TABLE effects (event_key VARCHAR(64) NOT NULL, attempt INT NOT NULL)")
+			_, msgs := subscribe(t, store, outbox.SubscriberConfig{Backoff: func(int) time.Duration { return 0 }}, "effects")
+			pub, _ := outbox.NewAutoCommitPublisher(store)
+			key := watermill.NewUUID()
+			if err := pub.Publish("effects", message.NewMessage(key, []byte("x"))); err != nil {
+				t.Fatal(err)
+			}
+			insert := "INSERT INTO effects (event_key, attempt) VALUES (?, ?)"
+			if dialect == "postgres" {
+				insert = "INSERT INTO effects (event_key, attempt) VALUES ($1, $2)"
+			}
+			handle := func(commit bool) {
+				msg := receive(t, msgs, 10*time.Second)
+				tx, commitTx, rollback := db.Begin(t)
+				var err error
+				switch tx := tx.(type) {
+				case interface {
+					ExecContext(context.Context, string, ...any) (sql.Result, error)
+				}:
+					_, err = tx.ExecContext(context.Background(), insert, msg.UUID, msg.Metadata.Get(outbox.MetadataAttempt))
+				case pgx.Tx:
+					_, err = tx.Exec(context.Background(), insert, msg.UUID, msg.Metadata.Get(outbox.MetadataAttempt))
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := store.AcknowledgeMessageInTx(context.Background(), tx, msg); err != nil {
+					t.Fatal(err)
+				}
+				if commit {
+					if err := commitTx(); err != nil {
+						t.Fatal(err)
+					}
+					msg.Ack()
+					return
+				}
+				rollback() // the handler failed after its write
+				msg.Nack()
+			}
+			handle(false)
+			if n := db.Count(t, "SELECT COUNT(*) FROM effects"); n != 0 {
+				t.Fatalf("a rolled-back attempt left %d effects", n)
+			}
+			handle(true)
+			expectNothing(t, msgs, 500*time.Millisecond)
+			if n := db.Count(t, "SELECT COUNT(*) FROM effects WHERE attempt = 2"); n != 1 {
+				t.Fatalf("effects of attempt 2: %d, want 1", n)
+			}
+			if n := db.Count(t, "SELECT COUNT(*) FROM millpond_outbox WHERE status = 'delivered' AND attempts = 2"); n != 1 {
+				t.Fatalf("the event is not delivered with the handler's commit")
+			}
+			// A message that did not come from a Subscriber has no receipt.
+			tx, _, rollback := db.Begin(t)
+			defer rollback()
+			if err := store.AcknowledgeMessageInTx(context.Background(), tx, message.NewMessage("x", nil)); err == nil {
+				t.Fatal("acknowledged a message without a receipt")
+			}
+		})
 	}
 }

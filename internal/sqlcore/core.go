@@ -368,51 +368,69 @@ func (c *Core) AcknowledgeBatch(ctx context.Context, rs []Receipt) (stale []Rece
 		return nil, err
 	}
 	var settled map[int64]bool
-	switch c.dialect {
-	case Postgres:
-		ids, keys := splitReceipts(rs)
-		settled, err = c.queryIDs(ctx, c.db, c.stmts.ack.text, c.stmts.ack.args(map[string]any{"ids": ids, "keys": keys, "now": c.nowArg()}))
-	case SQLite:
-		text, extra := expandPairs(c.dialect, c.stmts.ack.text, rs)
-		settled, err = c.queryIDs(ctx, c.db, text, append(c.stmts.ack.args(map[string]any{"now": c.nowArg()}), extra...))
-	case MySQL:
-		settled, err = c.ackMySQL(ctx, rs)
+	if c.dialect == MySQL {
+		err = inTxRetry(ctx, c.db, &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
+			settled, err = c.ack(ctx, tx, rs)
+			return err
+		})
+	} else {
+		settled, err = c.ack(ctx, c.db, rs)
 	}
 	if err != nil {
 		return nil, err
 	}
+	return staleOf(rs, settled), nil
+}
+
+// AcknowledgeInTx is AcknowledgeBatch inside the caller's open transaction
+// ex, so that a handler's own writes and the acknowledgement of the event
+// commit together or not at all. Nothing is settled until ex commits.
+func (c *Core) AcknowledgeInTx(ctx context.Context, ex Executor, rs []Receipt) ([]Receipt, error) {
+	if ex == nil {
+		return nil, errors.New("nil transaction")
+	}
+	if err := validateReceipts(rs); err != nil {
+		return nil, err
+	}
+	settled, err := c.ack(ctx, ex, rs)
+	if err != nil {
+		return nil, err
+	}
+	return staleOf(rs, settled), nil
+}
+
+func staleOf(rs []Receipt, settled map[int64]bool) []Receipt {
+	var stale []Receipt
 	for _, r := range rs {
 		if !settled[r.ID] {
 			stale = append(stale, r)
 		}
 	}
-	return stale, nil
+	return stale
 }
 
-// ackMySQL locks the rows that the receipts still own under a live lease,
-// then marks exactly those delivered. MySQL has no RETURNING, and telling
-// afterwards which rows one UPDATE changed is ambiguous (a row acknowledged
-// earlier at the same instant looks the same), so the lock decides.
-func (c *Core) ackMySQL(ctx context.Context, rs []Receipt) (map[int64]bool, error) {
-	var settled map[int64]bool
-	err := inTxRetry(ctx, c.db, &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
+// ack marks delivered the receipts that still own their events under a
+// live lease and returns their ids. On MySQL ex must be a transaction: it
+// locks the rows the receipts still own, then marks exactly those (MySQL
+// has no RETURNING, and telling afterwards which rows one UPDATE changed is
+// ambiguous: a row acknowledged earlier at the same instant looks the same).
+func (c *Core) ack(ctx context.Context, ex Executor, rs []Receipt) (map[int64]bool, error) {
+	switch c.dialect {
+	case Postgres:
+		ids, keys := splitReceipts(rs)
+		return c.queryIDs(ctx, ex, c.stmts.ack.text, c.stmts.ack.args(map[string]any{"ids": ids, "keys": keys, "now": c.nowArg()}))
+	case SQLite:
 		text, extra := expandPairs(c.dialect, c.stmts.ack.text, rs)
-		live, err := c.queryIDs(ctx, tx, text, append(c.stmts.ack.args(map[string]any{"now": c.nowArg()}), extra...))
-		if err != nil {
-			return err
-		}
-		settled = live
-		if len(live) == 0 {
-			return nil
-		}
-		text, extra = expandIDs(c.stmts.ackMark.text, slices.Collect(maps.Keys(live)))
-		_, err = tx.ExecContext(ctx, text, append(c.stmts.ackMark.args(map[string]any{"now": c.nowArg()}), extra...)...)
-		return err
-	})
-	if err != nil {
-		return nil, err
+		return c.queryIDs(ctx, ex, text, append(c.stmts.ack.args(map[string]any{"now": c.nowArg()}), extra...))
 	}
-	return settled, nil
+	text, extra := expandPairs(c.dialect, c.stmts.ack.text, rs)
+	live, err := c.queryIDs(ctx, ex, text, append(c.stmts.ack.args(map[string]any{"now": c.nowArg()}), extra...))
+	if err != nil || len(live) == 0 {
+		return live, err
+	}
+	text, extra = expandIDs(c.stmts.ackMark.text, slices.Collect(maps.Keys(live)))
+	_, err = ex.ExecContext(ctx, text, append(c.stmts.ackMark.args(map[string]any{"now": c.nowArg()}), extra...)...)
+	return live, err
 }
 
 func splitReceipts(rs []Receipt) ([]int64, []string) {
