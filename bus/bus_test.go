@@ -232,6 +232,8 @@ func testRetries(t *testing.T, dialect string) {
 	if !strings.Contains(d.LastError, "panic: boom") || strings.ContainsAny(d.LastError, "\n\t") || len(d.LastError) > outbox.MaxErrorBytes {
 		t.Errorf("last error not sanitised: %q", d.LastError)
 	}
+	waitFor(t, "the steady handler", func() bool { return steadyCalls.Load() >= 1 })
+	time.Sleep(200 * time.Millisecond) // the others' retries must not reach it
 	if steadyCalls.Load() != 1 {
 		t.Errorf("steady handler ran %d times, want 1 (retries of others must not touch it)", steadyCalls.Load())
 	}
