@@ -243,6 +243,17 @@ func (c *Core) Claim(ctx context.Context, req ClaimRequest) ([]Claimed, error) {
 	if c.dialect == MySQL {
 		return c.claimMySQL(ctx, req)
 	}
+	if c.dialect == SQLite {
+		// SQLite has one writer: an UPDATE that finds nothing still takes
+		// the write lock, so idle polls would queue behind (and ahead of)
+		// the application's transactions. Look first with a read.
+		due, err := c.queryIDs(ctx, c.db, c.stmts.anyDue.text, c.stmts.anyDue.args(map[string]any{
+			"stream": req.Stream, "group": req.Group, "now": c.nowArg(),
+		}))
+		if err != nil || len(due) == 0 {
+			return nil, err
+		}
+	}
 	q := c.stmts.claim
 	rows, err := c.db.QueryContext(ctx, q.text, q.args(map[string]any{
 		"stream": req.Stream, "group": req.Group, "worker": req.Worker, "limit": req.Limit,

@@ -13,6 +13,7 @@ type statements struct {
 	enqueue       query
 	existing      query
 	claim         query // PostgreSQL and SQLite: one statement
+	anyDue        query // SQLite: a read that spares idle claims the write lock
 	claimSelect   query // MySQL: lock due rows
 	claimDead     query // MySQL: dead-letter exhausted rows of the batch ({ids})
 	claimUpdate   string
@@ -41,6 +42,8 @@ func newStatements(d Dialect) *statements {
 	s := &statements{}
 	c := d.compile
 	s.now = c("SELECT @now")
+	s.anyDue = c(`SELECT 1 FROM millpond_outbox
+WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'processing') AND available_at <= @now LIMIT 1`)
 	s.listDead = c(`SELECT id, stream, consumer_group, event_key, event_kind, attempts, last_error, created_at
 FROM millpond_outbox
 WHERE status = 'dead_letter' AND stream = @stream AND (@all_groups OR consumer_group = @group) AND id > @after
