@@ -104,11 +104,7 @@ func (c *Core) Migrate(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return inTx(ctx, c.db, nil, func(tx Tx) error {
-		if err := c.lock(ctx, tx); err != nil {
-			return err
-		}
-		defer c.unlock(ctx, tx)
+	return c.underMigrationLock(ctx, func(tx Tx) error {
 		if _, err := tx.ExecContext(ctx, c.stmts.migrationsDDL); err != nil {
 			return fmt.Errorf("create migrations table: %w", err)
 		}
@@ -144,11 +140,7 @@ func (c *Core) MigrateDown(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return inTx(ctx, c.db, nil, func(tx Tx) error {
-		if err := c.lock(ctx, tx); err != nil {
-			return err
-		}
-		defer c.unlock(ctx, tx)
+	return c.underMigrationLock(ctx, func(tx Tx) error {
 		for i := len(migrations) - 1; i >= 0; i-- {
 			for _, stmt := range c.dialect.statementsOf(migrations[i].Down) {
 				if _, err := tx.ExecContext(ctx, stmt); err != nil {
@@ -162,6 +154,17 @@ func (c *Core) MigrateDown(ctx context.Context) error {
 }
 
 const migrateLockKey = 7_311_042_655_112_001
+
+// underMigrationLock runs fn in a transaction that holds the migration lock.
+func (c *Core) underMigrationLock(ctx context.Context, fn func(Tx) error) error {
+	return inTx(ctx, c.db, nil, func(tx Tx) error {
+		if err := c.lock(ctx, tx); err != nil {
+			return err
+		}
+		defer c.unlock(ctx, tx)
+		return fn(tx)
+	})
+}
 
 func (c *Core) lock(ctx context.Context, tx Tx) error {
 	var err error

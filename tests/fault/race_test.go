@@ -141,31 +141,28 @@ func first(s []string, k int) []string { return s[:min(k, len(s))] }
 // rowIDs returns the ids of every row of the stream.
 func rowIDs(t *testing.T, db *testdb.Database, stream string) []int64 {
 	t.Helper()
-	var ids []int64
 	const q = "SELECT id FROM millpond_outbox WHERE stream = '%s' ORDER BY id"
+	var rows interface {
+		Next() bool
+		Scan(...any) error
+		Err() error
+	}
 	if db.Pool != nil {
-		rows, err := db.Pool.Query(context.Background(), fmt.Sprintf(q, stream))
+		r, err := db.Pool.Query(context.Background(), fmt.Sprintf(q, stream))
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer rows.Close()
-		for rows.Next() {
-			var id int64
-			if err := rows.Scan(&id); err != nil {
-				t.Fatal(err)
-			}
-			ids = append(ids, id)
-		}
-		if err := rows.Err(); err != nil {
+		defer r.Close()
+		rows = r
+	} else {
+		r, err := db.SQL.Query(fmt.Sprintf(q, stream))
+		if err != nil {
 			t.Fatal(err)
 		}
-		return ids
+		defer r.Close()
+		rows = r
 	}
-	rows, err := db.SQL.Query(fmt.Sprintf(q, stream))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
+	var ids []int64
 	for rows.Next() {
 		var id int64
 		if err := rows.Scan(&id); err != nil {
