@@ -15,6 +15,8 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
+	"sort"
 	"strings"
 	"time"
 
@@ -51,7 +53,20 @@ func main() {
 	flag.IntVar(&cfg.prefill, "prefill", 0, "already-delivered rows to put in each system's table before measuring")
 	flag.StringVar(&cfg.out, "out", "", "also write the markdown report to this file")
 	flag.DurationVar(&cfg.phaseTimeout, "phase-timeout", 5*time.Minute, "give up on a delivery or latency phase after this long")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	for _, s := range strings.Split(systems, ",") {
 		if s = strings.TrimSpace(s); s != "" {
 			cfg.systems = append(cfg.systems, s)
@@ -127,32 +142,18 @@ func run(ctx context.Context, cfg config) error {
 
 	rep := report{cfg: cfg, env: env, started: time.Now()}
 	for _, name := range cfg.systems {
-		// The baseline is measured right before each system so that each
-		// ratio compares two adjacent measurements.
-		logf("baseline: raw INSERT, %d events", cfg.events)
-		base, err := measureBaseline(ctx, pool, cfg)
-		if err != nil {
-			return fmt.Errorf("baseline: %w", err)
-		}
-		rep.baselines = append(rep.baselines, base)
 		info := registry[name]
 		logf("%s: starting", name)
 		res := runSystem(ctx, pool, cfg, info)
-		res.baseline = base
 		if res.err != nil {
 			logf("%s: %v", name, res.err)
 		}
+		rep.baselines = append(rep.baselines, res.roundBaselines...)
 		rep.results = append(rep.results, res)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 	}
-	logf("baseline: raw INSERT, %d events", cfg.events)
-	base, err := measureBaseline(ctx, pool, cfg)
-	if err != nil {
-		return fmt.Errorf("baseline: %w", err)
-	}
-	rep.baselines = append(rep.baselines, base)
 
 	md := rep.markdown()
 	fmt.Print(md)
@@ -165,18 +166,33 @@ func run(ctx context.Context, cfg config) error {
 	return nil
 }
 
-// measureBaseline returns the enqueue rate of the raw INSERT baseline on
-// empty tables, with the same producers and transaction shape as the
-// systems' enqueue phase.
-func measureBaseline(ctx context.Context, pool *pgxpool.Pool, cfg config) (float64, error) {
-	if err := quiesce(ctx, pool, "bench_orders", "bench_plain_events"); err != nil {
+// enqueueRounds is how many baseline/system slices the enqueue phase takes.
+const enqueueRounds = 5
+
+// measureBaseline returns the enqueue rate of the raw INSERT baseline for n
+// events on an empty plain table, with the same producers and transaction
+// shape as the systems' enqueue phase.
+func measureBaseline(ctx context.Context, pool *pgxpool.Pool, producers, n int) (float64, error) {
+	if err := quiesce(ctx, pool, "bench_plain_events"); err != nil {
 		return 0, err
 	}
-	elapsed, err := runProducers(ctx, pool, cfg.producers, rawInsertEnqueue, 1, cfg.events, nil, nil)
+	elapsed, err := runProducers(ctx, pool, producers, rawInsertEnqueue, 1, n, nil, nil)
 	if err != nil {
 		return 0, err
 	}
-	return float64(cfg.events) / elapsed.Seconds(), nil
+	return float64(n) / elapsed.Seconds(), nil
+}
+
+// median returns the median of xs (which it sorts).
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	sort.Float64s(xs)
+	if len(xs)%2 == 1 {
+		return xs[len(xs)/2]
+	}
+	return (xs[len(xs)/2-1] + xs[len(xs)/2]) / 2
 }
 
 // quiesce empties the given tables and checkpoints so every measurement
@@ -191,18 +207,20 @@ func quiesce(ctx context.Context, pool *pgxpool.Pool, tables ...string) error {
 
 // result is one system's measurements.
 type result struct {
-	info          systemInfo
-	baseline      float64 // raw INSERT enqueue rate measured just before this system
-	enqueueRate   float64
-	deliverRate   float64
-	deliverDone   bool
-	delivered     int64 // distinct events handled in the delivery phase
-	latencyEvents int
-	latencies     []time.Duration
-	offeredRate   float64 // latency-phase commits per second actually achieved
-	duplicates    int64
-	unknown       int64
-	err           error
+	info           systemInfo
+	roundBaselines []float64 // raw INSERT rates of the slices interleaved with this system's
+	enqueueRate    float64
+	enqueueCost    float64   // median of the per-slice ratios raw rate ÷ system rate
+	enqueueRatios  []float64 // the per-slice ratios, sorted
+	deliverRate    float64
+	deliverDone    bool
+	delivered      int64 // distinct events handled in the delivery phase
+	latencyEvents  int
+	latencies      []time.Duration
+	offeredRate    float64 // latency-phase commits per second actually achieved
+	duplicates     int64
+	unknown        int64
+	err            error
 }
 
 // runSystem takes one system through setup, enqueue, delivery and latency
@@ -218,9 +236,13 @@ func runSystem(ctx context.Context, pool *pgxpool.Pool, cfg config, info systemI
 		res.err = fmt.Errorf("reset: %w", res.err)
 		return res
 	}
-	if cfg.prefill > 0 {
-		logf("%s: prefilling %d delivered rows", info.name, cfg.prefill)
-		if res.err = sys.Prefill(ctx, cfg.prefill); res.err != nil {
+	prefill := cfg.prefill
+	if info.prefill > 0 {
+		prefill = info.prefill
+	}
+	if prefill > 0 {
+		logf("%s: prefilling %d delivered rows", info.name, prefill)
+		if res.err = sys.Prefill(ctx, prefill); res.err != nil {
 			res.err = fmt.Errorf("prefill: %w", res.err)
 			return res
 		}
@@ -233,14 +255,37 @@ func runSystem(ctx context.Context, pool *pgxpool.Pool, cfg config, info systemI
 	res.latencyEvents = cfg.rate * cfg.latencySeconds
 	t := newTracker(n + res.latencyEvents)
 
-	// 1. Enqueue phase: no consumers running.
-	elapsed, err := runProducers(ctx, pool, cfg.producers, sys.Enqueue, 1, n, nil, nil)
-	if err != nil {
-		res.err = fmt.Errorf("enqueue phase: %w", err)
-		return res
+	// 1. Enqueue phase: no consumers running. The n events are enqueued in
+	// enqueueRounds slices, each right after a raw INSERT baseline slice of
+	// the same size, and the cost is the median of the per-slice ratios:
+	// on a shared machine adjacent measurements are what compare fairly.
+	var sysTime time.Duration
+	var ratios []float64
+	for round, first := 0, 1; first <= n; round++ {
+		size := min(n/enqueueRounds+1, n-first+1)
+		baseRate, err := measureBaseline(ctx, pool, cfg.producers, size)
+		if err != nil {
+			res.err = fmt.Errorf("enqueue phase: baseline: %w", err)
+			return res
+		}
+		if _, err := pool.Exec(ctx, `CHECKPOINT`); err != nil {
+			res.err = err
+			return res
+		}
+		elapsed, err := runProducers(ctx, pool, cfg.producers, sys.Enqueue, int64(first), size, nil, nil)
+		if err != nil {
+			res.err = fmt.Errorf("enqueue phase: %w", err)
+			return res
+		}
+		sysTime += elapsed
+		ratios = append(ratios, baseRate/(float64(size)/elapsed.Seconds()))
+		res.roundBaselines = append(res.roundBaselines, baseRate)
+		first += size
 	}
-	res.enqueueRate = float64(n) / elapsed.Seconds()
-	logf("%s: enqueue %.0f ev/s", info.name, res.enqueueRate)
+	res.enqueueRate = float64(n) / sysTime.Seconds()
+	res.enqueueCost = median(ratios)
+	res.enqueueRatios = ratios
+	logf("%s: enqueue %.0f ev/s, cost %.2fx raw INSERT (rounds %.2f)", info.name, res.enqueueRate, res.enqueueCost, ratios)
 
 	// 2. Delivery phase: from Start until the last of the n events has been
 	// handled once.

@@ -60,7 +60,10 @@ func (r report) markdown() string {
 		enq, cost := "–", "–"
 		if res.enqueueRate > 0 {
 			enq = fmt.Sprintf("%.0f", res.enqueueRate)
-			cost = fmt.Sprintf("%.2fx", res.baseline/res.enqueueRate)
+			cost = fmt.Sprintf("%.2fx", res.enqueueCost)
+			if n := len(res.enqueueRatios); n > 1 {
+				cost += fmt.Sprintf(" (%.2f–%.2f)", res.enqueueRatios[0], res.enqueueRatios[n-1])
+			}
 		}
 		del, delRatio := "–", "–"
 		switch {
@@ -87,12 +90,15 @@ func (r report) markdown() string {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n", res.info.label, enq, cost, del, delRatio, lat, dups)
 	}
 
-	b.WriteString("\nEnqueue cost = raw INSERT ev/s ÷ system ev/s (higher is more expensive), " +
-		"against the raw INSERT baseline measured immediately before that system; ")
-	fmt.Fprintf(&b, "the %d baseline measurements ranged %.0f–%.0f ev/s. ", len(r.baselines), lo, hi)
+	fmt.Fprintf(&b, "\nEnqueue cost = raw INSERT ev/s ÷ system ev/s (higher is more expensive): each system's events are "+
+		"enqueued in %d slices, each right after a raw INSERT slice of the same size; the figure is the median of the "+
+		"per-slice ratios, with their range in brackets. ", enqueueRounds)
+	fmt.Fprintf(&b, "The %d raw INSERT slices ranged %.0f–%.0f ev/s. ", len(r.baselines), lo, hi)
 	fmt.Fprintf(&b, "Deliver ratio = system ev/s ÷ %s ev/s (higher is faster). ", refName)
 	b.WriteString("Deliver ev/s counts from starting the consumers until the last event was first handled. " +
 		"Latency is from the producer's Commit returning to the handler first seeing the event.\n\n")
+
+	r.targets(&b)
 
 	b.WriteString("Systems:\n\n")
 	for _, res := range r.results {
@@ -111,4 +117,50 @@ func (r report) markdown() string {
 // ms formats a duration in milliseconds.
 func ms(d time.Duration) string {
 	return fmt.Sprintf("%.1f", float64(d)/float64(time.Millisecond))
+}
+
+// targets checks millpond's figures against the project's targets, as
+// ratios of systems measured in this run.
+func (r report) targets(b *strings.Builder) {
+	get := func(name string) *result {
+		for i := range r.results {
+			if r.results[i].info.name == name && r.results[i].err == nil {
+				return &r.results[i]
+			}
+		}
+		return nil
+	}
+	mp := get("millpond")
+	if mp == nil {
+		return
+	}
+	check := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "**not met**"
+	}
+	b.WriteString("Targets (millpond, ratios within this run):\n\n")
+	if river := get("river"); river != nil && river.deliverRate > 0 {
+		x := mp.deliverRate / river.deliverRate
+		fmt.Fprintf(b, "- delivery ≥ 1.5× river (FetchCooldown 1ms): %.2fx, %s\n", x, check(x >= 1.5))
+	}
+	if wm := get("watermill-sql"); wm != nil && wm.deliverRate > 0 {
+		x := mp.deliverRate / wm.deliverRate
+		fmt.Fprintf(b, "- delivery ≥ 3× watermill-sql: %.2fx, %s\n", x, check(x >= 3))
+	}
+	if mp.enqueueRate > 0 {
+		x := mp.enqueueCost
+		fmt.Fprintf(b, "- enqueue cost ≤ 1.25× raw INSERT: %.2fx, %s\n", x, check(x <= 1.25))
+	}
+	if len(mp.latencies) > 0 {
+		p50, p99 := percentile(mp.latencies, 50), percentile(mp.latencies, 99)
+		fmt.Fprintf(b, "- commit→handler p50 < 5 ms and p99 < 50 ms: %s / %s ms, %s\n", ms(p50), ms(p99),
+			check(p50 < 5*time.Millisecond && p99 < 50*time.Millisecond))
+	}
+	if big := get("millpond-1m"); big != nil && big.deliverRate > 0 {
+		x := big.deliverRate / mp.deliverRate
+		fmt.Fprintf(b, "- delivery with 1,000,000 delivered rows within 10%% of an empty table: %.2fx, %s\n", x, check(x >= 0.9))
+	}
+	b.WriteString("\n")
 }

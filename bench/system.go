@@ -52,7 +52,10 @@ type systemInfo struct {
 	label string // name shown in the results table
 	notes string // configuration worth knowing when reading the results
 	order int    // position in the default system list and the table
-	new   func(Options) System
+	// prefill, when set, replaces -prefill for this system: a variant that
+	// measures the same system on a table with history in it.
+	prefill int
+	new     func(Options) System
 }
 
 var registry = map[string]systemInfo{}

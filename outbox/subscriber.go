@@ -272,9 +272,10 @@ func (sub *subscription) run() {
 	go func() { defer background.Done(); sub.extendLoop(extendStop) }()
 
 	claimerDone.Wait()
-	// The claimer has stopped: nothing more enters the queue.
+	// The claimer has stopped: nothing more enters the queue. Hand back at
+	// once what no handler has started, while running handlers finish.
+	sub.releaseQueued()
 	dispatchers.Wait()
-	close(sub.queue)
 	sub.releaseQueued()
 	close(sub.acks)
 	<-ackDone
@@ -543,10 +544,15 @@ func (sub *subscription) release(rs ...Receipt) {
 // releaseQueued hands back everything claimed but never handed out.
 func (sub *subscription) releaseQueued() {
 	var rs []Receipt
-	for c := range sub.queue {
-		rs = append(rs, c.Receipt())
+	for {
+		select {
+		case c := <-sub.queue:
+			rs = append(rs, c.Receipt())
+		default:
+			sub.release(rs...)
+			return
+		}
 	}
-	sub.release(rs...)
 }
 
 // ackLoop writes acks in batches: it waits for one, takes every other ack

@@ -1,6 +1,7 @@
 package sqlcore
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -91,13 +92,14 @@ func fromMicros(us int64) time.Time {
 	return time.UnixMicro(us).UTC()
 }
 
-// contentHash identifies an event's content for idempotency: kind and payload.
-func contentHash(kind string, payload []byte) string {
+// contentHash identifies an event's content for idempotency: the SHA-256
+// of kind and payload.
+func contentHash(kind string, payload []byte) []byte {
 	h := sha256.New()
 	h.Write([]byte(kind))
 	h.Write([]byte{0})
 	h.Write(payload)
-	return hex.EncodeToString(h.Sum(nil))
+	return h.Sum(nil)
 }
 
 func encodeMetadata(md map[string]string) (string, error) {
@@ -195,7 +197,7 @@ func (c *Core) Enqueue(ctx context.Context, tx Executor, ev Event) (Enqueued, er
 }
 
 // existing resolves an enqueue that hit its idempotency key.
-func (c *Core) existing(ctx context.Context, tx Executor, ev Event, hash string) (Enqueued, error) {
+func (c *Core) existing(ctx context.Context, tx Executor, ev Event, hash []byte) (Enqueued, error) {
 	res, err := c.lookup(ctx, tx, c.stmts.existing, ev, hash)
 	if err == nil && res.ID == 0 {
 		err = errors.New("event was neither inserted nor found")
@@ -205,7 +207,7 @@ func (c *Core) existing(ctx context.Context, tx Executor, ev Event, hash string)
 
 // lookup runs q, which selects the id and content hash of the event's
 // row, and compares the content. No row gives a zero Enqueued.
-func (c *Core) lookup(ctx context.Context, tx Executor, q query, ev Event, hash string) (Enqueued, error) {
+func (c *Core) lookup(ctx context.Context, tx Executor, q query, ev Event, hash []byte) (Enqueued, error) {
 	rows, err := tx.QueryContext(ctx, q.text, q.args(map[string]any{"stream": ev.Stream, "key": ev.Key})...)
 	if err != nil {
 		return Enqueued{}, err
@@ -215,11 +217,11 @@ func (c *Core) lookup(ctx context.Context, tx Executor, q query, ev Event, hash 
 		return Enqueued{}, rowsErr(rows)
 	}
 	var id int64
-	var stored string
+	var stored []byte
 	if err := rows.Scan(&id, &stored); err != nil {
 		return Enqueued{}, err
 	}
-	if stored != hash {
+	if !bytes.Equal(stored, hash) {
 		return Enqueued{}, fmt.Errorf("event key exists in the stream with a different kind or payload: %w", ErrIdempotencyConflict)
 	}
 	return Enqueued{ID: id, Inserted: false}, nil

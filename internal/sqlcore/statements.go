@@ -79,7 +79,7 @@ ORDER BY stream, consumer_group`)
 		// The groups are read once (a CTE) for the rows and for the default.
 		s.enqueue = c(`WITH g AS (
   SELECT DISTINCT consumer_group FROM millpond_subscriptions WHERE stream = @stream AND event_kind IN ('', @kind::VARCHAR))
-` + insertCols + `SELECT @stream::VARCHAR, r.consumer_group, @key::VARCHAR, @kind::VARCHAR, @payload::BYTEA, @metadata::TEXT, @hash::CHAR(64), 'pending', @now + @delay::BIGINT, @now
+` + insertCols + `SELECT @stream::VARCHAR, r.consumer_group, @key::VARCHAR, @kind::VARCHAR, @payload::BYTEA, @metadata::TEXT, @hash::BYTEA, 'pending', @now + @delay::BIGINT, @now
 FROM (SELECT consumer_group FROM g UNION ALL SELECT '' WHERE NOT EXISTS (SELECT 1 FROM g)) r
 WHERE NOT EXISTS (SELECT 1 ` + known + `)
 ON CONFLICT (stream, event_key, consumer_group) DO NOTHING

@@ -6,7 +6,7 @@ CREATE TABLE IF NOT EXISTS millpond_outbox (
     event_kind     TEXT NOT NULL,
     payload        BLOB NOT NULL,
     metadata       TEXT NOT NULL DEFAULT '{}',
-    content_hash   TEXT NOT NULL,
+    content_hash   BLOB NOT NULL,
     status         TEXT NOT NULL CHECK (status IN ('pending', 'processing', 'delivered', 'dead_letter')),
     attempts       INTEGER NOT NULL DEFAULT 0,
     claimed_by     TEXT NOT NULL DEFAULT '',

@@ -10,7 +10,7 @@ CREATE TABLE IF NOT EXISTS millpond_outbox (
     event_kind     VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
     payload        LONGBLOB NOT NULL,
     metadata       MEDIUMTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
-    content_hash   CHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    content_hash   BINARY(32) NOT NULL,
     status         VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
     attempts       INT NOT NULL DEFAULT 0,
     claimed_by     VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL DEFAULT '',

@@ -4,13 +4,13 @@
 -- +goose Up
 CREATE TABLE IF NOT EXISTS millpond_outbox (
     id             BIGSERIAL PRIMARY KEY,
-    stream         VARCHAR(128) NOT NULL,
-    consumer_group VARCHAR(128) NOT NULL DEFAULT '',
-    event_key      VARCHAR(128) NOT NULL,
-    event_kind     VARCHAR(128) NOT NULL,
+    stream         VARCHAR(128) COLLATE "C" NOT NULL,
+    consumer_group VARCHAR(128) COLLATE "C" NOT NULL DEFAULT '',
+    event_key      VARCHAR(128) COLLATE "C" NOT NULL,
+    event_kind     VARCHAR(128) COLLATE "C" NOT NULL,
     payload        BYTEA NOT NULL,
     metadata       TEXT NOT NULL DEFAULT '{}',
-    content_hash   CHAR(64) NOT NULL,
+    content_hash   BYTEA NOT NULL,
     status         VARCHAR(16) NOT NULL,
     attempts       INTEGER NOT NULL DEFAULT 0,
     claimed_by     VARCHAR(128) NOT NULL DEFAULT '',
@@ -29,9 +29,9 @@ CREATE INDEX IF NOT EXISTS millpond_outbox_dead_idx ON millpond_outbox (stream, 
 CREATE INDEX IF NOT EXISTS millpond_outbox_delivered_idx ON millpond_outbox (delivered_at)
     WHERE status = 'delivered';
 CREATE TABLE IF NOT EXISTS millpond_subscriptions (
-    stream         VARCHAR(128) NOT NULL,
-    consumer_group VARCHAR(128) NOT NULL,
-    event_kind     VARCHAR(128) NOT NULL DEFAULT '',
+    stream         VARCHAR(128) COLLATE "C" NOT NULL,
+    consumer_group VARCHAR(128) COLLATE "C" NOT NULL,
+    event_kind     VARCHAR(128) COLLATE "C" NOT NULL DEFAULT '',
     created_at     BIGINT NOT NULL,
     PRIMARY KEY (stream, consumer_group, event_kind)
 );
