@@ -6,10 +6,10 @@
 // handlers of one kind each see every event with their own delivery state
 // and retry policy. Router-level Watermill middleware (correlation ids,
 // timeouts, retry, ...) applies to every handler. Prefer the handler's
-// Policy (a database backoff that survives restarts) to Watermill's Retry
-// middleware, which retries in memory while the lease runs: if you use it,
-// keep its total time well under the lease, which the Subscriber extends
-// only every Lease/3.
+// Policy (a backoff kept in the database, counted against MaxAttempts, that
+// survives restarts) to Watermill's Retry middleware, which retries in
+// memory: the Subscriber keeps extending the lease meanwhile, but those
+// retries are not counted as attempts and a crash forgets them.
 //
 // Unrouted events: an event whose kind no handler of its stream subscribes
 // to is kept in the stream's default consumer group "". The bus's
