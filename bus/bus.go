@@ -78,11 +78,15 @@ type Bus struct {
 
 	mu      sync.Mutex
 	started bool
-	done    chan error
+	done    chan struct{} // closed when the router's Run returns
+	runErr  error         // what Run returned, once done is closed
 }
 
 // ErrDuplicateHandler reports two handlers with the same name.
 var ErrDuplicateHandler = errors.New("bus: duplicate handler name")
+
+// ErrStarted reports a second Start of the same bus.
+var ErrStarted = errors.New("bus: already started")
 
 // New returns a Bus over the store for the handlers. Add router-level
 // middleware with Router().AddMiddleware before Start.
@@ -113,6 +117,16 @@ func New(store *outbox.Store, cfg Config, hs ...handlers.Handler) (*Bus, error) 
 	names := map[string]bool{}
 	streams := map[string]bool{}
 	for _, h := range hs {
+		if h == nil {
+			return nil, errors.New("bus: nil handler")
+		}
+		// An empty name would be the default group and an empty kind every
+		// kind: both would take events that are not the handler's.
+		for field, v := range map[string]string{"handler name": h.Name(), "handler stream": h.Stream(), "handler kind": h.Kind()} {
+			if err := outbox.ValidateKey(field, v); err != nil {
+				return nil, fmt.Errorf("bus: handler %q: %w", h.Name(), err)
+			}
+		}
 		if names[h.Name()] {
 			return nil, fmt.Errorf("%w: %q", ErrDuplicateHandler, h.Name())
 		}
@@ -163,7 +177,10 @@ func (b *Bus) addHandler(h handlers.Handler) error {
 	kind := h.Kind()
 	b.router.AddConsumerHandler(h.Name(), h.Stream(), sub, func(msg *message.Message) error {
 		if got := msg.Metadata.Get(outbox.MetadataKind); got != kind {
-			return nil // the group was once subscribed more widely; not this handler's event
+			// Written while the group still took this kind (Start narrows the
+			// subscription): dead-letter it with the reason rather than
+			// acknowledge an event nobody handled.
+			return handlers.Permanent(fmt.Errorf("handler %q takes kind %q, not %q", h.Name(), kind, got))
 		}
 		return h.Handle(msg)
 	})
@@ -210,12 +227,13 @@ func (b *Bus) Router() *message.Router { return b.router }
 // Handlers returns the bus's handlers.
 func (b *Bus) Handlers() []handlers.Handler { return b.handlers }
 
-// RegisterGroups durably registers every handler's consumer group for its
-// kind, so events published from now on are kept for it. Start calls it;
-// call it yourself when publishers may run before the bus starts.
+// RegisterGroups durably subscribes every handler's consumer group to its
+// kind, and only to it (a kind the handler had before is dropped), so events
+// published from now on are kept for it. Start calls it; call it yourself
+// when publishers may run before the bus starts.
 func (b *Bus) RegisterGroups(ctx context.Context) error {
 	for _, h := range b.handlers {
-		if err := b.store.RegisterGroup(ctx, h.Stream(), h.Name(), h.Kind()); err != nil {
+		if err := b.store.SetGroupKinds(ctx, h.Stream(), h.Name(), h.Kind()); err != nil {
 			return fmt.Errorf("bus: register handler %q: %w", h.Name(), err)
 		}
 	}
@@ -228,19 +246,22 @@ func (b *Bus) Start(ctx context.Context) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.started {
-		return errors.New("bus: already started")
+		return ErrStarted
 	}
 	if err := b.RegisterGroups(ctx); err != nil {
 		return err
 	}
 	b.started = true
-	b.done = make(chan error, 1)
-	go func() { b.done <- b.router.Run(context.Background()) }()
+	b.done = make(chan struct{})
+	go func() {
+		b.runErr = b.router.Run(context.Background())
+		close(b.done)
+	}()
 	select {
 	case <-b.router.Running():
 		return nil
-	case err := <-b.done:
-		return fmt.Errorf("bus: router stopped: %w", err)
+	case <-b.done:
+		return fmt.Errorf("bus: router stopped: %w", b.runErr)
 	case <-ctx.Done():
 		_ = b.router.Close()
 		return ctx.Err()
@@ -248,7 +269,8 @@ func (b *Bus) Start(ctx context.Context) error {
 }
 
 // Stop stops the bus gracefully (see the package documentation) and waits
-// until every handler has finished or ctx ends.
+// until every handler has finished or ctx ends. Calling it again, or on a
+// bus that never started, returns at once.
 func (b *Bus) Stop(ctx context.Context) error {
 	b.mu.Lock()
 	started, done := b.started, b.done
@@ -263,8 +285,13 @@ func (b *Bus) Stop(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("bus: stop: %w", err)
 		}
-		if err := <-done; err != nil {
-			return fmt.Errorf("bus: stop: %w", err)
+	case <-ctx.Done():
+		return fmt.Errorf("bus: stop: %w", ctx.Err())
+	}
+	select {
+	case <-done:
+		if b.runErr != nil {
+			return fmt.Errorf("bus: stop: %w", b.runErr)
 		}
 		return nil
 	case <-ctx.Done():

@@ -339,3 +339,68 @@ func TestHandlersMetaMatchesSubscriberMetadata(t *testing.T) {
 		t.Errorf("handlers.MetaOf read %+v", m)
 	}
 }
+
+func TestBusRefusesHandlersThatWouldTakeOthersEvents(t *testing.T) {
+	db := testdb.New(t, "sqlite")
+	store := db.Store(t)
+	fn := func(context.Context, orderPlaced, handlers.Meta) error { return nil }
+	for name, h := range map[string]handlers.Handler{
+		"empty kind":   handlers.New("reserve", "orders", "", fn),
+		"empty name":   handlers.New("", "orders", "OrderPlaced", fn),
+		"empty stream": handlers.New("reserve", "", "OrderPlaced", fn),
+		"bad name":     handlers.New("reserve stock", "orders", "OrderPlaced", fn),
+	} {
+		if _, err := bus.New(store, bus.Config{}, h); !errors.Is(err, outbox.ErrInvalidKey) {
+			t.Errorf("%s: %v, want ErrInvalidKey", name, err)
+		}
+	}
+	if _, err := bus.New(store, bus.Config{}, handlers.New("a", "orders", "K", fn), handlers.New("a", "orders", "K", fn)); !errors.Is(err, bus.ErrDuplicateHandler) {
+		t.Errorf("duplicate names: %v", err)
+	}
+}
+
+// A handler whose kind changed between deployments must not receive, or
+// silently acknowledge, events of its old kind.
+func TestBusHandlerKindChangeDropsNothing(t *testing.T) {
+	for _, dialect := range testdb.Dialects {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			db := testdb.New(t, dialect)
+			store := db.Store(t)
+			var calls atomic.Int64
+			fn := func(context.Context, orderPlaced, handlers.Meta) error { calls.Add(1); return nil }
+			first, err := bus.New(store, bus.Config{Subscriber: fastSubscriber}, handlers.New("h1", "orders", "KindA", fn))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := first.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if err := first.Stop(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			// Stop again: returns at once.
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			if err := first.Stop(ctx); err != nil {
+				t.Fatalf("second Stop: %v", err)
+			}
+			startBus(t, store, bus.Config{Subscriber: fastSubscriber}, handlers.New("h1", "orders", "KindB", fn))
+			publish(t, db, store, "orders", "KindA", order(1))
+			var dead []outbox.DeadEvent
+			waitFor(t, "the old-kind event to be dead-lettered as unrouted", func() bool {
+				dead, err = store.ListDead(context.Background(), outbox.DeadQuery{Stream: "orders", AllGroups: true, Limit: 10})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return len(dead) == 1
+			})
+			if dead[0].Group != "" || !strings.Contains(dead[0].LastError, `no handler for event kind "KindA"`) {
+				t.Errorf("dead letter %+v", dead[0])
+			}
+			if calls.Load() != 0 {
+				t.Errorf("the handler ran %d times for a kind it no longer takes", calls.Load())
+			}
+		})
+	}
+}

@@ -84,7 +84,12 @@ func MetaOf(msg *message.Message) Meta {
 type PermanentError struct{ Err error }
 
 // Error returns the cause's text.
-func (e *PermanentError) Error() string { return "permanent failure: " + e.Err.Error() }
+func (e *PermanentError) Error() string {
+	if e.Err == nil {
+		return "permanent failure"
+	}
+	return "permanent failure: " + e.Err.Error()
+}
 
 // Unwrap returns the cause.
 func (e *PermanentError) Unwrap() error { return e.Err }
@@ -131,7 +136,12 @@ type typed[T any] struct {
 
 // New returns a Handler named name (its consumer group) for events of kind
 // on stream, decoding each JSON payload into T.
+// It panics if fn is nil, as net/http does for a nil handler func; the bus
+// checks name, stream and kind.
 func New[T any](name, stream, kind string, fn Func[T], opts ...Option) Handler {
+	if fn == nil {
+		panic("handlers: nil handler func for " + name)
+	}
 	h := &typed[T]{name: name, stream: stream, kind: kind, fn: fn}
 	for _, opt := range opts {
 		opt(&h.policy)

@@ -45,7 +45,7 @@ var (
 	ErrNoTransaction = errors.New("outbox: an open transaction is required (pgx.Tx or *sql.Tx); refusing an implicit one")
 	// ErrUnsupportedTx reports a transaction value of an unknown type.
 	ErrUnsupportedTx = errors.New("outbox: unsupported transaction type: want pgx.Tx, *sql.Tx or a watermill-sql Tx")
-	// ErrClosed reports use of a closed Store, Publisher or Subscriber.
+	// ErrClosed reports use of a closed Publisher or Subscriber.
 	ErrClosed = errors.New("outbox: closed")
 )
 

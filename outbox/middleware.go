@@ -39,10 +39,14 @@ const metadataAckedInTx = "millpond_acked_in_tx"
 // writes: the event is delivered exactly when those writes commit, and
 // retried if they roll back. Ack the message afterwards as usual; the
 // Subscriber then writes no acknowledgement of its own.
+//
+// Acknowledge last, just before committing: the acknowledgement locks the
+// event's row until tx ends, and the Subscriber's lease extension of the
+// events it holds waits for that lock.
 func (s *Store) AcknowledgeMessageInTx(ctx context.Context, tx any, msg *message.Message) error {
 	r, ok := ReceiptFromContext(msg.Context())
 	if !ok {
-		return fmt.Errorf("outbox: acknowledge message %s in a transaction: %w", msg.UUID, errNoReceipt)
+		return fmt.Errorf("outbox: acknowledge message %s in a transaction: %w", msg.UUID, ErrNoReceipt)
 	}
 	if err := s.AcknowledgeInTx(ctx, tx, r); err != nil {
 		return err
@@ -51,4 +55,6 @@ func (s *Store) AcknowledgeMessageInTx(ctx context.Context, tx any, msg *message
 	return nil
 }
 
-var errNoReceipt = errors.New("the message was not delivered by an outbox Subscriber")
+// ErrNoReceipt reports a message that was not delivered by an outbox
+// Subscriber, so it carries no claim to acknowledge.
+var ErrNoReceipt = errors.New("outbox: the message was not delivered by an outbox Subscriber")

@@ -28,10 +28,11 @@ type Store struct {
 	wake   *wakeHub
 	gate   *notifyGate
 
-	mu     sync.Mutex
-	closed bool
-	stop   context.CancelFunc
-	sqlDB  *sql.DB // PostgreSQL: database/sql over the pool, made on first use
+	mu       sync.Mutex
+	closed   bool
+	stop     context.CancelFunc
+	listener sync.WaitGroup // the PostgreSQL listener goroutine
+	sqlDB    *sql.DB        // PostgreSQL: database/sql over the pool, made on first use
 }
 
 // Option configures a Store.
@@ -108,9 +109,13 @@ func NewPostgres(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.stop = cancel
 		s.wake.listening = true
-		go sqlcore.ListenPostgres(ctx, pool.Config().ConnConfig, s.wake.notify, func(err error) {
-			s.logger.Warn("outbox: notification listener reconnecting", "error", err)
-		})
+		s.listener.Add(1)
+		go func() {
+			defer s.listener.Done()
+			sqlcore.ListenPostgres(ctx, pool.Config().ConnConfig, s.wake.notify, func(err error) {
+				s.logger.Warn("outbox: notification listener reconnecting", "error", err)
+			})
+		}()
 	}
 	return s, nil
 }
@@ -176,6 +181,7 @@ func (s *Store) Close() error {
 	s.closed = true
 	if s.stop != nil {
 		s.stop()
+		s.listener.Wait()
 	}
 	if s.pool != nil && s.sqlDB != nil {
 		_ = s.sqlDB.Close() // the handle over the pool; the pool stays open
@@ -387,6 +393,16 @@ func (s *Store) Stats(ctx context.Context) ([]StreamStats, error) {
 func (s *Store) RegisterGroup(ctx context.Context, stream, group string, kinds ...string) error {
 	if err := s.core.RegisterGroup(ctx, stream, group, kinds...); err != nil {
 		return fmt.Errorf("outbox: register group: %w", err)
+	}
+	return nil
+}
+
+// SetGroupKinds makes a group's subscription to a stream exactly the given
+// kinds (none: all kinds), in one transaction, dropping kinds it no longer
+// lists. Idempotent.
+func (s *Store) SetGroupKinds(ctx context.Context, stream, group string, kinds ...string) error {
+	if err := s.core.SetGroupKinds(ctx, stream, group, kinds...); err != nil {
+		return fmt.Errorf("outbox: set group kinds: %w", err)
 	}
 	return nil
 }

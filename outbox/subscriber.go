@@ -305,10 +305,12 @@ func (sub *subscription) claimLoop() {
 				continue
 			}
 		}
-		claimed, err := sub.store.Claim(context.WithoutCancel(sub.ctx), ClaimRequest{
+		ctx, cancel := sub.opCtx()
+		claimed, err := sub.store.Claim(ctx, ClaimRequest{
 			Stream: sub.topic, Group: sub.cfg.ConsumerGroup, Worker: sub.cfg.Worker,
 			Limit: room, Lease: sub.cfg.Lease, MaxAttempts: sub.cfg.MaxAttempts,
 		})
+		cancel()
 		if err != nil {
 			// The first retry comes quickly: after a database restart every
 			// pooled connection fails once. Later ones back off; a wake-up
@@ -425,6 +427,14 @@ func (sub *subscription) deliver(c Claimed) bool {
 	defer cancel()
 	msg.SetContext(context.WithValue(ctx, receiptKey{}, c.Receipt()))
 
+	// Stopping wins over a ready reader: what was not handed out is
+	// released, not delivered after Close began.
+	select {
+	case <-sub.stop:
+		sub.release(c.Receipt())
+		return false
+	default:
+	}
 	select {
 	case sub.out <- msg:
 	case <-sub.stop:
@@ -440,7 +450,7 @@ func (sub *subscription) deliver(c Claimed) bool {
 			if msg.Metadata.Get(metadataAckedInTx) != "" {
 				// The handler acknowledged in its own transaction; if that
 				// rolled back, the lease expires and the event is retried.
-				sub.forget(c.ID)
+				sub.forget(c.Receipt())
 				return true
 			}
 			sub.mu.Lock()
@@ -460,24 +470,36 @@ func (sub *subscription) deliver(c Claimed) bool {
 			grace = timer.C
 		case <-grace:
 			sub.logger.Info("Message not settled before the close timeout; its lease will expire and it will be retried", watermill.LogFields{"event_id": c.ID})
-			sub.forget(c.ID)
+			sub.forget(c.Receipt())
 			return false
 		}
 	}
 }
 
-func (sub *subscription) forget(ids ...int64) {
+// opCtx bounds one database call of the subscription: it outlives the
+// Subscribe context (a closing router cancels that at once, and the
+// subscription still has acks to write and claims to release), but not a
+// hung connection.
+func (sub *subscription) opCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(sub.ctx), max(sub.cfg.Lease/2, 5*time.Second))
+}
+
+// forget stops tracking the given claims. An entry the subscription has
+// since claimed again (a new key for the same id) is left alone.
+func (sub *subscription) forget(rs ...Receipt) {
 	sub.mu.Lock()
-	for _, id := range ids {
-		delete(sub.held, id)
-		delete(sub.settled, id)
+	for _, r := range rs {
+		if held, ok := sub.held[r.ID]; ok && held.ClaimKey == r.ClaimKey {
+			delete(sub.held, r.ID)
+			delete(sub.settled, r.ID)
+		}
 	}
 	sub.mu.Unlock()
 }
 
 // fail records a Nack: retry after Backoff or dead-letter at the limit.
 func (sub *subscription) fail(c Claimed, msg *message.Message) {
-	defer sub.forget(c.ID)
+	defer sub.forget(c.Receipt())
 	reason := msg.Metadata.Get(MetadataHandlerError)
 	if reason == "" {
 		reason = "message nacked by handler"
@@ -488,7 +510,9 @@ func (sub *subscription) fail(c Claimed, msg *message.Message) {
 		f.MaxAttempts = min(max(c.Attempts, 1), MaxAttempts) // retrying cannot help
 	}
 	err := retry(sub.stop, sub.cfg.Lease/2, func() error {
-		out, err := sub.store.Fail(context.WithoutCancel(sub.ctx), c.Receipt(), f)
+		ctx, cancel := sub.opCtx()
+		defer cancel()
+		out, err := sub.store.Fail(ctx, c.Receipt(), f)
 		if err == nil && out.DeadLettered {
 			sub.logger.Info("Event dead-lettered at the attempt limit", watermill.LogFields{"event_id": c.ID, "attempts": c.Attempts})
 		}
@@ -528,14 +552,13 @@ func (sub *subscription) release(rs ...Receipt) {
 	if len(rs) == 0 {
 		return
 	}
-	ids := make([]int64, len(rs))
-	for i, r := range rs {
-		ids[i] = r.ID
-	}
-	defer sub.forget(ids...)
+	defer sub.forget(rs...)
 	for start := 0; start < len(rs); start += MaxBatch {
 		chunk := rs[start:min(start+MaxBatch, len(rs))]
-		if _, err := sub.store.Release(context.WithoutCancel(sub.ctx), chunk...); err != nil {
+		ctx, cancel := sub.opCtx()
+		_, err := sub.store.Release(ctx, chunk...)
+		cancel()
+		if err != nil {
 			sub.logger.Error("Could not release claimed events; their leases will expire", err, watermill.LogFields{"events": len(chunk)})
 		}
 	}
@@ -578,15 +601,13 @@ func (sub *subscription) ackLoop() {
 }
 
 func (sub *subscription) flushAcks(batch []Receipt) {
-	ids := make([]int64, len(batch))
-	for i, r := range batch {
-		ids[i] = r.ID
-	}
-	defer sub.forget(ids...)
+	defer sub.forget(batch...)
 	var stale []Receipt
 	err := retry(nil, sub.cfg.Lease/2, func() error {
 		var err error
-		stale, err = sub.store.AcknowledgeBatch(context.WithoutCancel(sub.ctx), batch)
+		ctx, cancel := sub.opCtx()
+		defer cancel()
+		stale, err = sub.store.AcknowledgeBatch(ctx, batch)
 		return err
 	})
 	if err != nil {
@@ -616,7 +637,9 @@ func (sub *subscription) extendLoop(stop <-chan struct{}) {
 		sub.mu.Unlock()
 		for start := 0; start < len(rs); start += MaxBatch {
 			chunk := rs[start:min(start+MaxBatch, len(rs))]
-			_, stale, err := sub.store.ExtendBatch(context.WithoutCancel(sub.ctx), chunk, sub.cfg.Lease)
+			ctx, cancel := sub.opCtx()
+			_, stale, err := sub.store.ExtendBatch(ctx, chunk, sub.cfg.Lease)
+			cancel()
 			if err != nil {
 				sub.logger.Error("Could not extend leases", err, watermill.LogFields{"events": len(chunk)})
 				continue

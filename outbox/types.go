@@ -50,3 +50,8 @@ const (
 // SanitizeErrorText turns any handler error text into valid failure text:
 // control characters become spaces and the text is cut to MaxErrorBytes.
 func SanitizeErrorText(text string) string { return sqlcore.SanitizeErrorText(text) }
+
+// ValidateKey checks a stream, event key, event kind, consumer group or
+// worker id: 1-128 characters of [A-Za-z0-9._:-]; the error wraps
+// ErrInvalidKey and names the field.
+func ValidateKey(field, value string) error { return sqlcore.ValidateKey(field, value) }

@@ -2,6 +2,7 @@ package sqlcore
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -198,7 +199,11 @@ func (c *Core) Enqueue(ctx context.Context, tx Executor, ev Event) (Enqueued, er
 
 // existing resolves an enqueue that hit its idempotency key.
 func (c *Core) existing(ctx context.Context, tx Executor, ev Event, hash []byte) (Enqueued, error) {
-	res, err := c.lookup(ctx, tx, c.stmts.existing, ev, hash)
+	q := c.stmts.existing
+	if c.dialect == MySQL {
+		q = c.stmts.existingLocked
+	}
+	res, err := c.lookup(ctx, tx, q, ev, hash)
 	if err == nil && res.ID == 0 {
 		err = errors.New("event was neither inserted nor found")
 	}
@@ -291,7 +296,7 @@ func (c *Core) Claim(ctx context.Context, req ClaimRequest) ([]Claimed, error) {
 		return nil, err
 	}
 	if c.dialect == SQLite {
-		slices.SortFunc(out, func(a, b Claimed) int { return int(a.ID - b.ID) })
+		slices.SortFunc(out, func(a, b Claimed) int { return cmp.Compare(a.ID, b.ID) })
 	}
 	return out, rows.Close()
 }
@@ -752,28 +757,81 @@ func (c *Core) Stats(ctx context.Context) ([]StreamStats, error) {
 // RegisterGroup durably subscribes a consumer group to a stream, for the
 // given event kinds or, with none, for every kind: from then on every
 // matching event enqueued to the stream gets a delivery row for the group.
-// It is idempotent.
+// It adds to what the group had; it is idempotent.
 func (c *Core) RegisterGroup(ctx context.Context, stream, group string, kinds ...string) error {
-	if err := ValidateKey("stream", stream); err != nil {
+	kinds, err := validateSubscription(stream, group, kinds)
+	if err != nil {
 		return err
 	}
-	if err := ValidateGroup(group); err != nil {
+	return inTxRetry(ctx, c.db, nil, func(tx Tx) error { return c.register(ctx, tx, stream, group, kinds) })
+}
+
+// SetGroupKinds makes the group's subscription to the stream exactly the
+// given kinds (none: every kind), in one transaction: kinds it had and no
+// longer lists stop getting rows, so an event of such a kind falls to the
+// default group (or to other groups) instead of to a consumer that no longer
+// handles it.
+func (c *Core) SetGroupKinds(ctx context.Context, stream, group string, kinds ...string) error {
+	kinds, err := validateSubscription(stream, group, kinds)
+	if err != nil {
 		return err
 	}
-	if len(kinds) == 0 {
-		kinds = []string{""}
-	}
-	for _, kind := range kinds {
-		if kind == "" {
-			continue
-		}
-		if err := ValidateKey("event kind", kind); err != nil {
+	return inTxRetry(ctx, c.db, nil, func(tx Tx) error {
+		if err := c.register(ctx, tx, stream, group, kinds); err != nil {
 			return err
 		}
+		rows, err := tx.QueryContext(ctx, c.stmts.groupKinds.text, c.stmts.groupKinds.args(map[string]any{"stream": stream, "group": group})...)
+		if err != nil {
+			return err
+		}
+		var stale []string
+		for rows.Next() {
+			var kind string
+			if err := rows.Scan(&kind); err != nil {
+				rows.Close()
+				return err
+			}
+			if !slices.Contains(kinds, kind) {
+				stale = append(stale, kind)
+			}
+		}
+		if err := rowsErr(rows); err != nil {
+			rows.Close()
+			return err
+		}
+		rows.Close()
+		for _, kind := range stale {
+			st := c.stmts.dropKind
+			if _, err := tx.ExecContext(ctx, st.text, st.args(map[string]any{"stream": stream, "group": group, "kind": kind})...); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func validateSubscription(stream, group string, kinds []string) ([]string, error) {
+	if err := ValidateKey("stream", stream); err != nil {
+		return nil, err
 	}
+	if err := ValidateGroup(group); err != nil {
+		return nil, err
+	}
+	if len(kinds) == 0 {
+		return []string{""}, nil
+	}
+	for _, kind := range kinds {
+		if err := ValidateKey("event kind", kind); err != nil {
+			return nil, err
+		}
+	}
+	return kinds, nil
+}
+
+func (c *Core) register(ctx context.Context, ex Executor, stream, group string, kinds []string) error {
 	st := c.stmts.register
 	for _, kind := range kinds {
-		if _, err := c.db.ExecContext(ctx, st.text, st.args(map[string]any{"stream": stream, "group": group, "kind": kind, "now": c.nowArg()})...); err != nil {
+		if _, err := ex.ExecContext(ctx, st.text, st.args(map[string]any{"stream": stream, "group": group, "kind": kind, "now": c.nowArg()})...); err != nil {
 			return err
 		}
 	}

@@ -96,17 +96,3 @@ func (q query) args(values map[string]any) []any {
 	}
 	return out
 }
-
-// placeholders returns n comma-separated placeholders starting at $start for
-// Postgres, or n question marks.
-func (d Dialect) placeholders(n, start int) string {
-	parts := make([]string, n)
-	for i := range parts {
-		if d == Postgres {
-			parts[i] = fmt.Sprintf("$%d", start+i)
-		} else {
-			parts[i] = "?"
-		}
-	}
-	return strings.Join(parts, ", ")
-}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"modernc.org/sqlite"
 )
 
 // Result is what an executed statement reports.
@@ -77,8 +78,9 @@ func inTx(ctx context.Context, db DB, opts *sql.TxOptions, fn func(Tx) error) er
 
 // inTxRetry is inTx for statements that are safe to run again as a whole:
 // when the database aborts the transaction to break a deadlock (which
-// InnoDB does now and then between concurrent SKIP LOCKED claims), it runs
-// fn again, up to three times. fn must reset any state it fills.
+// InnoDB does now and then between concurrent SKIP LOCKED claims) or SQLite
+// gives up waiting for its one writer lock, it runs fn again, up to three
+// times. fn must reset any state it fills.
 func inTxRetry(ctx context.Context, db DB, opts *sql.TxOptions, fn func(Tx) error) error {
 	var err error
 	for attempt := range 4 {
@@ -95,8 +97,13 @@ func inTxRetry(ctx context.Context, db DB, opts *sql.TxOptions, fn func(Tx) erro
 }
 
 // deadlocked reports whether err is MySQL's "deadlock found" or "lock wait
-// timeout", after which the whole transaction may simply be run again.
+// timeout", or SQLite's "database is locked" after its busy timeout, after
+// which the whole transaction may simply be run again.
 func deadlocked(err error) bool {
 	var me *mysql.MySQLError
-	return errors.As(err, &me) && (me.Number == 1213 || me.Number == 1205)
+	if errors.As(err, &me) {
+		return me.Number == 1213 || me.Number == 1205
+	}
+	var se *sqlite.Error
+	return errors.As(err, &se) && se.Code()&0xff == 5 // SQLITE_BUSY and its extended codes
 }

@@ -10,30 +10,33 @@ import "strings"
 const lastErrorLeaseExpired = "lease expired after the final attempt"
 
 type statements struct {
-	enqueue       query
-	existing      query
-	claim         query // PostgreSQL and SQLite: one statement
-	anyDue        query // SQLite: a read that spares idle claims the write lock
-	claimSelect   query // MySQL: lock due rows
-	claimDead     query // MySQL: dead-letter exhausted rows of the batch ({ids})
-	claimUpdate   string
-	ack           query
-	ackMark       query // MySQL: mark the live rows that ack locked delivered ({ids})
-	fail          query
-	failStatus    query
-	extend        query
-	extendCheck   query
-	release       query
-	requeue       query
-	listDead      query
-	purge         query
-	stats         query
-	register      query
-	unregister    query
-	now           query
-	migrationsDDL string
-	appliedSQL    string
-	recordSQL     string
+	enqueue        query
+	existing       query
+	claim          query // PostgreSQL and SQLite: one statement
+	anyDue         query // SQLite: a read that spares idle claims the write lock
+	claimSelect    query // MySQL: lock due rows
+	claimDead      query // MySQL: dead-letter exhausted rows of the batch ({ids})
+	claimUpdate    string
+	ack            query
+	ackMark        query // MySQL: mark the live rows that ack locked delivered ({ids})
+	fail           query
+	failStatus     query
+	extend         query
+	extendCheck    query
+	release        query
+	requeue        query
+	listDead       query
+	purge          query
+	stats          query
+	register       query
+	unregister     query
+	groupKinds     query
+	existingLocked query
+	dropKind       query
+	now            query
+	migrationsDDL  string
+	appliedSQL     string
+	recordSQL      string
 }
 
 const claimColumns = "id, stream, consumer_group, event_key, event_kind, payload, metadata, attempts, claim_key, available_at, created_at"
@@ -59,6 +62,8 @@ WHERE status IN ('pending', 'processing', 'dead_letter')
 GROUP BY stream, consumer_group
 ORDER BY stream, consumer_group`)
 	s.unregister = c("DELETE FROM millpond_subscriptions WHERE stream = @stream AND consumer_group = @group")
+	s.groupKinds = c("SELECT event_kind FROM millpond_subscriptions WHERE stream = @stream AND consumer_group = @group")
+	s.dropKind = c("DELETE FROM millpond_subscriptions WHERE stream = @stream AND consumer_group = @group AND event_kind = @kind")
 	s.appliedSQL = "SELECT version FROM millpond_schema_migrations"
 
 	// The delivery rows of an event: one per group subscribed to the stream
@@ -72,6 +77,10 @@ ORDER BY stream, consumer_group`)
 	// (stream, event_key), so this is one index probe.
 	known := `FROM millpond_outbox k WHERE k.stream = @stream AND k.event_key = @key`
 	s.existing = c("SELECT k.id, k.content_hash " + known + "\nORDER BY k.id LIMIT 1")
+	// MySQL in REPEATABLE READ: after waiting on a concurrent insert of the
+	// same key, a plain read would still see the old snapshot (no row); a
+	// locking read sees the committed one.
+	s.existingLocked = c("SELECT k.id, k.content_hash " + known + "\nORDER BY k.id LIMIT 1 LOCK IN SHARE MODE")
 	insertCols := "INSERT INTO millpond_outbox (stream, consumer_group, event_key, event_kind, payload, metadata, content_hash, status, available_at, created_at)\n"
 
 	switch d {
@@ -219,8 +228,20 @@ func expandPairs(d Dialect, text string, rs []Receipt) (string, []any) {
 		args = append(args, r.ID, r.ClaimKey)
 	}
 	list := strings.Join(rows, ", ")
-	if d == SQLite {
+	switch d {
+	case SQLite:
 		list = "VALUES " + list
+	case MySQL:
+		// MariaDB does not turn a row-value IN into a primary-key range and
+		// would scan every processing row (locking them all in a locking
+		// read); a plain id list first keeps it on the primary key.
+		ids := make([]any, len(rs))
+		for i, r := range rs {
+			ids[i] = r.ID
+		}
+		text = strings.Replace(text, "(id, claim_key) IN ({pairs})",
+			"id IN ("+strings.TrimSuffix(strings.Repeat("?, ", len(rs)), ", ")+") AND (id, claim_key) IN ({pairs})", 1)
+		args = append(ids, args...)
 	}
 	return strings.Replace(text, "{pairs}", list, 1), args
 }
