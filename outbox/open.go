@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"strings"
 	"time"
@@ -22,8 +23,14 @@ const DefaultPostgresMaxConns = 20
 // file with the settings the outbox relies on: WAL journal, a 10 s busy
 // timeout, full fsync on commit and BEGIN IMMEDIATE transactions, so a
 // writer never fails to upgrade its lock.
+//
+// Query parameters already on path (file.db?mode=rw) are kept.
 func SQLiteDSN(path string) string {
-	return "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=synchronous(FULL)&_pragma=foreign_keys(1)&_txlock=immediate"
+	sep := "?"
+	if strings.Contains(path, "?") {
+		sep = "&"
+	}
+	return "file:" + path + sep + "_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=synchronous(FULL)&_pragma=foreign_keys(1)&_txlock=immediate"
 }
 
 // Open connects to the database a URL names and returns a Store that owns
@@ -119,29 +126,32 @@ func openSQL(ctx context.Context, driver, dsn string) (*sql.DB, error) {
 
 // mysqlDSN turns mysql://user:pass@host:port/db?param=v into the driver's
 // form, with client-side parameter interpolation (one round trip a
-// statement) unless the URL sets interpolateParams itself.
+// statement) unless the URL sets interpolateParams itself. Driver options
+// in the query are parsed by the driver; user and password may hold any
+// character.
 func mysqlDSN(rawURL string) (string, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return "", fmt.Errorf("outbox: open mysql: parse url: %w", err)
-	}
-	host := u.Host
-	if u.Port() == "" {
-		host = u.Hostname() + ":3306"
+		return "", fmt.Errorf("outbox: open mysql: the URL does not parse (%s)", redactURL(rawURL))
 	}
 	q := u.Query()
 	if !q.Has("interpolateParams") {
 		q.Set("interpolateParams", "true")
 	}
-	user := u.User.Username()
-	if pass, ok := u.User.Password(); ok {
-		user += ":" + pass
-	}
-	dsn := fmt.Sprintf("%s@tcp(%s)/%s?%s", user, host, strings.TrimPrefix(u.Path, "/"), q.Encode())
-	if _, err := mysql.ParseDSN(dsn); err != nil {
+	cfg, err := mysql.ParseDSN("/?" + q.Encode())
+	if err != nil {
 		return "", fmt.Errorf("outbox: open mysql: %w", err)
 	}
-	return dsn, nil
+	cfg.User = u.User.Username()
+	cfg.Passwd, _ = u.User.Password()
+	cfg.Net = "tcp"
+	port := u.Port()
+	if port == "" {
+		port = "3306"
+	}
+	cfg.Addr = net.JoinHostPort(u.Hostname(), port)
+	cfg.DBName = strings.TrimPrefix(u.Path, "/")
+	return cfg.FormatDSN(), nil
 }
 
 // redactURL hides a URL's password.
