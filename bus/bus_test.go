@@ -404,3 +404,46 @@ func TestBusHandlerKindChangeDropsNothing(t *testing.T) {
 		})
 	}
 }
+
+// Events of a kind published before any handler took it are dead-lettered
+// as unrouted; once a handler for the kind exists, Reroute delivers them.
+func TestUnroutedDeadLettersCanBeRerouted(t *testing.T) {
+	for _, dialect := range testdb.Dialects {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			db := testdb.New(t, dialect)
+			store := db.Store(t)
+			fn := func(context.Context, orderPlaced, handlers.Meta) error { return nil }
+			seen := newCounter()
+			refund := func(ctx context.Context, ev orderPlaced, m handlers.Meta) error { seen.add(ev.OrderID); return nil }
+			first := startBus(t, store, bus.Config{Subscriber: fastSubscriber}, handlers.New("reserve", "orders", "OrderPlaced", fn))
+			publish(t, db, store, "orders", "OrderCancelled", order(1), order(2))
+			var dead []outbox.DeadEvent
+			waitFor(t, "two unrouted dead letters", func() bool {
+				var err error
+				dead, err = store.ListDead(context.Background(), outbox.DeadQuery{Stream: "orders", Limit: 10})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return len(dead) == 2
+			})
+			if err := first.Stop(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			// Without a group for the kind, nothing moves.
+			if n, err := store.Reroute(context.Background(), "orders", dead[0].ID, dead[1].ID); err != nil || n != 0 {
+				t.Fatalf("reroute with no group for the kind: %d, %v", n, err)
+			}
+			startBus(t, store, bus.Config{Subscriber: fastSubscriber},
+				handlers.New("reserve", "orders", "OrderPlaced", fn), handlers.New("refund", "orders", "OrderCancelled", refund))
+			n, err := store.Reroute(context.Background(), "orders", dead[0].ID, dead[1].ID, 999999)
+			if err != nil || n != 2 {
+				t.Fatalf("reroute: %d, %v; want 2", n, err)
+			}
+			waitFor(t, "the rerouted events", func() bool { return len(seen.snapshot()) == 2 })
+			if left, _ := store.ListDead(context.Background(), outbox.DeadQuery{Stream: "orders", AllGroups: true, Limit: 10}); len(left) != 0 {
+				t.Errorf("dead letters left: %v", left)
+			}
+		})
+	}
+}

@@ -367,6 +367,20 @@ func (s *Store) Requeue(ctx context.Context, stream string, ids ...int64) (int, 
 	return n, nil
 }
 
+// Reroute moves dead-lettered events of a stream's default group "" (events
+// that no consumer group took when they were enqueued, which the bus
+// dead-letters as unrouted) to the groups that take their kind now, as
+// fresh pending deliveries; use it after adding the handler they were
+// waiting for. Events that no group takes yet stay dead. It returns how many
+// it moved.
+func (s *Store) Reroute(ctx context.Context, stream string, ids ...int64) (int, error) {
+	n, err := s.core.Reroute(ctx, stream, ids)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: reroute %d events: %w", len(ids), err)
+	}
+	return n, nil
+}
+
 // Purge deletes up to limit rows delivered more than olderThan ago and
 // returns how many it deleted. A purged key may be enqueued again: the
 // idempotency window is the retention horizon.

@@ -10,6 +10,7 @@
 //	millpond stats
 //	millpond dead list -stream S [-group G | -all-groups] [-after ID] [-limit N]
 //	millpond dead requeue -stream S ID...
+//	millpond dead reroute -stream S ID...
 //	millpond purge -older-than 168h [-limit N]
 //
 // The database comes from -db (before or after the command) or from the
@@ -58,6 +59,7 @@ Commands:
   dead list -stream S [-group G | -all-groups] [-after ID] [-limit N]
                                         list dead-lettered events, oldest first
   dead requeue -stream S ID...          make dead-lettered events pending again, attempts reset
+  dead reroute -stream S ID...          move unrouted dead letters to the groups that take their kind now
   purge -older-than D [-limit N]        delete events delivered more than D ago (e.g. 168h)
 
 The database is -db URL or $` + EnvDatabaseURL + `:
@@ -144,15 +146,17 @@ func dispatch(e *env, args []string) error {
 		return cmdStats(e, rest)
 	case "dead":
 		if len(rest) == 0 {
-			return usagef("dead: want a subcommand: list or requeue")
+			return usagef("dead: want a subcommand: list, requeue or reroute")
 		}
 		switch rest[0] {
 		case "list":
 			return cmdDeadList(e, rest[1:])
 		case "requeue":
 			return cmdDeadRequeue(e, rest[1:])
+		case "reroute":
+			return cmdDeadReroute(e, rest[1:])
 		default:
-			return usagef("dead: unknown subcommand %q (want list or requeue)", rest[0])
+			return usagef("dead: unknown subcommand %q (want list, requeue or reroute)", rest[0])
 		}
 	case "purge":
 		return cmdPurge(e, rest)
@@ -416,7 +420,24 @@ func cmdDeadList(e *env, args []string) error {
 }
 
 func cmdDeadRequeue(e *env, args []string) error {
-	fs := newFlagSet(e, "dead requeue", "Usage: millpond dead requeue -stream S ID... [-db URL]\n\nMake dead-lettered events of a stream pending again, with their attempts reset.\n")
+	return moveDead(e, args, "requeue", "requeued",
+		"Make dead-lettered events of a stream pending again, with their attempts reset.",
+		func(s *outbox.Store, stream string, ids []int64) (int, error) {
+			return s.Requeue(e.ctx, stream, ids...)
+		})
+}
+
+func cmdDeadReroute(e *env, args []string) error {
+	return moveDead(e, args, "reroute", "rerouted",
+		"Move dead-lettered events of a stream's default group (events no consumer group took when\nthey were enqueued) to the groups that take their kind now, as fresh pending deliveries.",
+		func(s *outbox.Store, stream string, ids []int64) (int, error) {
+			return s.Reroute(e.ctx, stream, ids...)
+		})
+}
+
+// moveDead parses "-stream S ID..." and applies move to the ids in batches.
+func moveDead(e *env, args []string, verb, done, about string, move func(*outbox.Store, string, []int64) (int, error)) error {
+	fs := newFlagSet(e, "dead "+verb, "Usage: millpond dead "+verb+" -stream S ID... [-db URL]\n\n"+about+"\n")
 	stream := fs.String("stream", "", "stream of the events (required)")
 	dbFlag := addDBFlag(fs)
 	pos, err := parse(fs, args)
@@ -424,17 +445,17 @@ func cmdDeadRequeue(e *env, args []string) error {
 		return err
 	}
 	if *stream == "" {
-		return usagef("dead requeue: -stream is required")
+		return usagef("dead %s: -stream is required", verb)
 	}
 	if len(pos) == 0 {
-		return usagef("dead requeue: give at least one event id")
+		return usagef("dead %s: give at least one event id", verb)
 	}
 	ids := make([]int64, 0, len(pos))
 	seen := map[int64]bool{}
 	for _, p := range pos {
 		id, err := strconv.ParseInt(p, 10, 64)
 		if err != nil || id <= 0 {
-			return usagef("dead requeue: %q is not an event id (a positive integer)", p)
+			return usagef("dead %s: %q is not an event id (a positive integer)", verb, p)
 		}
 		if !seen[id] {
 			seen[id] = true
@@ -449,18 +470,18 @@ func cmdDeadRequeue(e *env, args []string) error {
 	total := 0
 	for start := 0; start < len(ids); start += outbox.MaxBatch {
 		chunk := ids[start:min(start+outbox.MaxBatch, len(ids))]
-		n, err := s.Requeue(e.ctx, *stream, chunk...)
+		n, err := move(s, *stream, chunk)
 		if err != nil {
 			if errors.Is(err, outbox.ErrInvalidKey) {
-				return usagef("dead requeue: %v", err)
+				return usagef("dead %s: %v", verb, err)
 			}
-			return db.fail(fmt.Sprintf("requeue (%d requeued before the error) in", total), err)
+			return db.fail(fmt.Sprintf("%s (%d %s before the error) in", verb, total, done), err)
 		}
 		total += n
 	}
-	fmt.Fprintf(e.stdout, "requeued %d of %d events\n", total, len(ids))
+	fmt.Fprintf(e.stdout, "%s %d of %d events\n", done, total, len(ids))
 	if total < len(ids) {
-		fmt.Fprintf(e.stderr, "%d ids were not dead-lettered events of stream %s and were left alone\n", len(ids)-total, *stream)
+		fmt.Fprintf(e.stderr, "%d ids were not dead-lettered events of stream %s that could be %s, and were left alone\n", len(ids)-total, *stream, done)
 	}
 	return nil
 }

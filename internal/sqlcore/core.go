@@ -710,6 +710,73 @@ func (c *Core) Requeue(ctx context.Context, stream string, ids []int64) (int, er
 	return int(n), err
 }
 
+// Reroute moves dead-lettered events of the stream's default group ("",
+// where events wait that no group took when they were enqueued) to the
+// groups that take their kind now, as pending deliveries with fresh
+// attempts. An event no group takes yet stays where it is. It returns how
+// many events it moved.
+func (c *Core) Reroute(ctx context.Context, stream string, ids []int64) (int, error) {
+	if err := ValidateKey("stream", stream); err != nil {
+		return 0, err
+	}
+	if err := validateIDs(ids); err != nil {
+		return 0, err
+	}
+	moved := 0
+	err := inTxRetry(ctx, c.db, nil, func(tx Tx) error {
+		moved = 0
+		for _, id := range ids {
+			kind, err := c.queryString(ctx, tx, c.stmts.deadKind, map[string]any{"id": id, "stream": stream})
+			if err != nil {
+				return err
+			}
+			if len(kind) == 0 {
+				continue // not a dead default-group row of this stream
+			}
+			groups, err := c.queryString(ctx, tx, c.stmts.kindGroups, map[string]any{"stream": stream, "kind": kind[0]})
+			if err != nil {
+				return err
+			}
+			if len(groups) == 0 {
+				continue
+			}
+			for _, g := range groups {
+				st := c.stmts.copyToGroup
+				if _, err := tx.ExecContext(ctx, st.text, st.args(map[string]any{"group": g, "now": c.nowArg(), "id": id})...); err != nil {
+					return err
+				}
+			}
+			if _, err := tx.ExecContext(ctx, c.stmts.deleteRow.text, c.stmts.deleteRow.args(map[string]any{"id": id})...); err != nil {
+				return err
+			}
+			moved++
+		}
+		return nil
+	})
+	return moved, err
+}
+
+// queryString runs a query whose first column is text and returns it.
+func (c *Core) queryString(ctx context.Context, ex Executor, q query, vals map[string]any) ([]string, error) {
+	rows, err := ex.QueryContext(ctx, q.text, q.args(vals)...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	if err := rowsErr(rows); err != nil {
+		return nil, err
+	}
+	return out, rows.Close()
+}
+
 // Purge deletes up to limit delivered rows delivered more than olderThan
 // ago, oldest first, and returns how many it deleted. Purged keys may be
 // enqueued again: the idempotency window is the retention horizon.

@@ -33,11 +33,17 @@ type statements struct {
 	groupKinds     query
 	existingLocked query
 	dropKind       query
+	deadKind       query // reroute: the kind of a dead default-group row
+	kindGroups     query // reroute: the named groups that take a kind now
+	copyToGroup    query // reroute: a pending copy of a row for one group
+	deleteRow      query
 	now            query
 	migrationsDDL  string
 	appliedSQL     string
 	recordSQL      string
 }
+
+const insertColsFor = "INSERT INTO millpond_outbox (stream, consumer_group, event_key, event_kind, payload, metadata, content_hash, status, available_at, created_at)\n"
 
 const claimColumns = "id, stream, consumer_group, event_key, event_kind, payload, metadata, attempts, claim_key, available_at, created_at"
 
@@ -62,6 +68,19 @@ WHERE status IN ('pending', 'processing', 'dead_letter')
 GROUP BY stream, consumer_group
 ORDER BY stream, consumer_group`)
 	s.unregister = c("DELETE FROM millpond_subscriptions WHERE stream = @stream AND consumer_group = @group")
+	s.deadKind = c("SELECT event_kind FROM millpond_outbox WHERE id = @id AND stream = @stream AND consumer_group = '' AND status = 'dead_letter'")
+	s.kindGroups = c("SELECT DISTINCT consumer_group FROM millpond_subscriptions WHERE stream = @stream AND event_kind IN ('', @kind) AND consumer_group <> ''")
+	s.deleteRow = c("DELETE FROM millpond_outbox WHERE id = @id")
+	copyRow := insertColsFor + `SELECT src.stream, @group, src.event_key, src.event_kind, src.payload, src.metadata, src.content_hash, 'pending', @now, src.created_at
+FROM millpond_outbox src WHERE src.id = @id`
+	switch d {
+	case Postgres:
+		s.copyToGroup = c(strings.Replace(copyRow, "@group", "@group::VARCHAR", 1) + "\nON CONFLICT (stream, event_key, consumer_group) DO NOTHING")
+	case MySQL:
+		s.copyToGroup = c(copyRow + "\nON DUPLICATE KEY UPDATE millpond_outbox.id = millpond_outbox.id")
+	default:
+		s.copyToGroup = c(copyRow + "\nON CONFLICT (stream, event_key, consumer_group) DO NOTHING")
+	}
 	s.groupKinds = c("SELECT event_kind FROM millpond_subscriptions WHERE stream = @stream AND consumer_group = @group")
 	s.dropKind = c("DELETE FROM millpond_subscriptions WHERE stream = @stream AND consumer_group = @group AND event_kind = @kind")
 	s.appliedSQL = "SELECT version FROM millpond_schema_migrations"
@@ -81,7 +100,7 @@ ORDER BY stream, consumer_group`)
 	// same key, a plain read would still see the old snapshot (no row); a
 	// locking read sees the committed one.
 	s.existingLocked = c("SELECT k.id, k.content_hash " + known + "\nORDER BY k.id LIMIT 1 LOCK IN SHARE MODE")
-	insertCols := "INSERT INTO millpond_outbox (stream, consumer_group, event_key, event_kind, payload, metadata, content_hash, status, available_at, created_at)\n"
+	insertCols := insertColsFor
 
 	switch d {
 	case Postgres:
