@@ -67,9 +67,9 @@ func (s *millpondSystem) Reset(ctx context.Context) error {
 func (s *millpondSystem) Prefill(ctx context.Context, n int) error {
 	_, err := s.pool.Exec(ctx, `
 		INSERT INTO millpond_outbox (stream, consumer_group, event_key, event_kind, payload, metadata, content_hash,
-			status, attempts, claim_key, available_at, created_at, delivered_at)
+			status, attempts, claim_key, available_at, created_at, delivered_at, settled)
 		SELECT $2, '', 'prefill-' || g, 'bench', convert_to(repeat('x', 200), 'UTF8'), '{}', sha256('prefill'::bytea),
-			'delivered', 1, md5(g::text), 0, 0, 0
+			'delivered', 1, md5(g::text), 0, 0, 0, true
 		FROM generate_series(1, $1) AS g`, n, millpondStream)
 	if err != nil {
 		return fmt.Errorf("prefill: %w", err)

@@ -114,12 +114,13 @@ ON CONFLICT (stream, event_key, consumer_group) DO NOTHING
 RETURNING id`)
 		s.claim = c(`WITH due AS (
   SELECT id FROM millpond_outbox
-  WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'processing') AND available_at <= @now
+  WHERE stream = @stream AND consumer_group = @group AND NOT settled AND available_at <= @now
   ORDER BY id LIMIT @limit
   FOR UPDATE SKIP LOCKED
 ), claimed AS (
   UPDATE millpond_outbox o SET
     status = CASE WHEN o.attempts >= @max THEN 'dead_letter' ELSE 'processing' END,
+    settled = o.attempts >= @max,
     attempts = CASE WHEN o.attempts >= @max THEN o.attempts ELSE o.attempts + 1 END,
     claimed_by = @worker,
     claim_key = CASE WHEN o.attempts >= @max THEN '' ELSE replace(gen_random_uuid()::TEXT, '-', '') END,
@@ -129,12 +130,13 @@ RETURNING id`)
   RETURNING o.id, o.stream, o.consumer_group, o.event_key, o.event_kind, o.payload, o.metadata, o.attempts, o.claim_key, o.available_at, o.created_at, o.status
 )
 SELECT ` + claimColumns + ` FROM claimed WHERE status = 'processing' ORDER BY id`)
-		s.ack = c(`UPDATE millpond_outbox o SET status = 'delivered', delivered_at = @now
+		s.ack = c(`UPDATE millpond_outbox o SET status = 'delivered', settled = true, delivered_at = @now
 FROM unnest(@ids::BIGINT[], @keys::TEXT[]) AS r(id, claim_key)
 WHERE o.id = r.id AND o.claim_key = r.claim_key AND o.status = 'processing' AND o.available_at > @now
 RETURNING o.id`)
 		s.fail = c(`UPDATE millpond_outbox SET
   status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'pending' END,
+  settled = attempts >= @max,
   available_at = @now + @delay::BIGINT, last_error = @reason
 WHERE id = @id AND claim_key = @key AND status = 'processing' AND available_at > @now
 RETURNING status`)
@@ -145,8 +147,13 @@ RETURNING o.id, o.available_at`)
 		s.release = c(`UPDATE millpond_outbox o SET status = 'pending', attempts = GREATEST(o.attempts - 1, 0), available_at = @now
 FROM unnest(@ids::BIGINT[], @keys::TEXT[]) AS r(id, claim_key)
 WHERE o.id = r.id AND o.claim_key = r.claim_key AND o.status = 'processing' AND o.available_at > @now`)
-		s.requeue = c(`UPDATE millpond_outbox SET status = 'pending', attempts = 0, available_at = @now, last_error = ''
+		s.requeue = c(`UPDATE millpond_outbox SET status = 'pending', settled = false, attempts = 0, available_at = @now, last_error = ''
 WHERE status = 'dead_letter' AND stream = @stream AND id = ANY(@ids::BIGINT[])`)
+		// The dead-letter index filters on settled (see the schema).
+		s.listDead = c(`SELECT id, stream, consumer_group, event_key, event_kind, attempts, last_error, created_at
+FROM millpond_outbox
+WHERE settled AND delivered_at IS NULL AND stream = @stream AND (@all_groups OR consumer_group = @group) AND id > @after
+ORDER BY id LIMIT @limit`)
 		s.purge = c(`DELETE FROM millpond_outbox WHERE id IN (
   SELECT id FROM millpond_outbox WHERE status = 'delivered' AND delivered_at < @now - @horizon::BIGINT
   ORDER BY delivered_at LIMIT @limit)`)
