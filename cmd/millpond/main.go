@@ -6,7 +6,7 @@
 //
 //	millpond [-db URL] <command> [flags]
 //
-//	millpond migrate [-down]
+//	millpond migrate [-down -yes]
 //	millpond stats
 //	millpond dead list -stream S [-group G | -all-groups] [-after ID] [-limit N]
 //	millpond dead requeue -stream S ID...
@@ -54,7 +54,7 @@ const purgeChunk = 10_000
 const usageText = `Usage: millpond [-db URL] <command> [flags]
 
 Commands:
-  migrate [-down]                       install or upgrade the outbox schema (-down removes it and every event)
+  migrate [-down -yes]                  install or upgrade the outbox schema (-down -yes removes it and every event)
   stats                                 count pending, processing and dead-lettered events per stream and group
   dead list -stream S [-group G | -all-groups] [-after ID] [-limit N]
                                         list dead-lettered events, oldest first
@@ -294,8 +294,9 @@ func scrub(text, raw string) string {
 }
 
 func cmdMigrate(e *env, args []string) error {
-	fs := newFlagSet(e, "migrate", "Usage: millpond migrate [-down] [-db URL]\n\nInstall or upgrade the outbox schema; with -down remove it and every event in it.\n")
-	down := fs.Bool("down", false, "revert every migration: drops the outbox tables and all events")
+	fs := newFlagSet(e, "migrate", "Usage: millpond migrate [-down -yes] [-db URL]\n\nInstall or upgrade the outbox schema; with -down remove it and every event in it.\n")
+	down := fs.Bool("down", false, "revert every migration: drops the outbox tables and all events (needs -yes)")
+	yes := fs.Bool("yes", false, "confirm -down")
 	dbFlag := addDBFlag(fs)
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -303,6 +304,9 @@ func cmdMigrate(e *env, args []string) error {
 	}
 	if len(pos) > 0 {
 		return usagef("migrate: unexpected argument %q", pos[0])
+	}
+	if *down && !*yes {
+		return usagef("migrate -down deletes every event in the outbox; add -yes to confirm")
 	}
 	s, db, err := open(e, *dbFlag)
 	if err != nil {

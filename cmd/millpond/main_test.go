@@ -165,7 +165,10 @@ func TestAdminCommand(t *testing.T) {
 			}
 
 			// migrate -down removes the schema; stats then fails with code 1.
-			code, stdout, _ = cli(t, nil, append(flagDB, "migrate", "-down")...)
+			if code, _, _ := cli(t, nil, append(flagDB, "migrate", "-down")...); code != 2 {
+				t.Fatalf("migrate -down without -yes: code %d, want the usage error 2", code)
+			}
+			code, stdout, _ = cli(t, nil, append(flagDB, "migrate", "-down", "-yes")...)
 			if code != 0 || !strings.Contains(stdout, "removed") {
 				t.Fatalf("migrate -down: code %d, output %q", code, stdout)
 			}
