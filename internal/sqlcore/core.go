@@ -227,7 +227,7 @@ func (c *Core) lookup(ctx context.Context, tx Executor, q query, ev Event, hash 
 		return Enqueued{}, err
 	}
 	if !bytes.Equal(stored, hash) {
-		return Enqueued{}, fmt.Errorf("event key exists in the stream with a different kind or payload: %w", ErrIdempotencyConflict)
+		return Enqueued{}, ErrIdempotencyConflict // the caller names the operation
 	}
 	return Enqueued{ID: id, Inserted: false}, nil
 }
@@ -536,7 +536,7 @@ func (c *Core) Fail(ctx context.Context, r Receipt, f Failure) (FailOutcome, err
 		}
 	}
 	if !found {
-		return FailOutcome{}, fmt.Errorf("fail event %d: %w", r.ID, ErrStaleClaim)
+		return FailOutcome{}, ErrStaleClaim // the caller names the event
 	}
 	return FailOutcome{DeadLettered: status == StatusDead}, nil
 }

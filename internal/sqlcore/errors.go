@@ -33,7 +33,7 @@ var (
 	ErrInvalidHorizon = errors.New("invalid retention horizon")
 	// ErrIdempotencyConflict reports an event key that already exists in the
 	// stream with a different kind or payload.
-	ErrIdempotencyConflict = errors.New("event key already exists with different content")
+	ErrIdempotencyConflict = errors.New("event key already exists in the stream with a different kind or payload")
 	// ErrStaleClaim reports that the claim key no longer owns the event: the
 	// lease expired, another worker reclaimed it, or it was already settled.
 	// Nothing was changed.
