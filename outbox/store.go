@@ -238,17 +238,18 @@ func (s *Store) Enqueue(ctx context.Context, tx any, ev Event) (Enqueued, error)
 // once (they poll quickly until the transaction commits), those of other
 // processes by a PostgreSQL NOTIFY that commits with the transaction, sent
 // at most every notifyEvery per stream.
+//
+// The NOTIFY rides in the enqueue statement itself, so it costs no round
+// trip; a duplicate enqueue may spend it on a wake-up that finds nothing.
 func (s *Store) enqueue(ctx context.Context, ex sqlcore.Executor, ev Event) (Enqueued, error) {
-	res, err := s.core.Enqueue(ctx, ex, ev)
+	if err := ev.Validate(); err != nil {
+		return Enqueued{}, err // before the gate spends a notification on it
+	}
+	res, err := s.core.Enqueue(ctx, ex, ev, s.gate.due(ev.Stream))
 	if err != nil || !res.Inserted {
 		return res, err
 	}
 	s.wake.notify(ev.Stream)
-	if s.gate.due(ev.Stream) {
-		if err := s.core.Notify(ctx, ex, ev.Stream); err != nil {
-			return Enqueued{}, fmt.Errorf("notify subscribers: %w", err)
-		}
-	}
 	return res, nil
 }
 

@@ -52,6 +52,7 @@ var conformanceCases = []conformanceCase{
 	{name: "AttemptLimitDeadLettersAndRequeue", run: testAttemptLimit},
 	{name: "LeaseExpiryAtFinalAttemptDeadLetters", run: testLeaseExpiryFinalAttempt},
 	{name: "IdempotentEnqueue", run: testIdempotentEnqueue},
+	{name: "RacingEnqueuesOfOneKeyMakeOneEvent", run: testRacingEnqueues},
 	{name: "EnqueueRefusesNonTransaction", run: testEnqueueRefusesNonTransaction},
 	{name: "Bounds", run: testBounds},
 	{name: "SanitizedErrorTextIsAccepted", run: testSanitizedErrorText},
@@ -592,6 +593,81 @@ func testIdempotentEnqueue(t *testing.T, e *env) {
 	}
 	if res := e.enqueue(ev); res.ID != first.ID || res.Inserted {
 		t.Fatalf("re-enqueue of a delivered event: %+v", res)
+	}
+}
+
+// testRacingEnqueues enqueues one key from two open transactions at once:
+// the second waits for the first, then, once it commits, gets the same event
+// (same content) or ErrIdempotencyConflict (other content), never a second
+// event or a failed statement that would abort the caller's transaction.
+func testRacingEnqueues(t *testing.T, e *env) {
+	for _, tc := range []struct {
+		name     string
+		second   outbox.Event
+		conflict bool
+	}{
+		{name: "same content", second: event("s", "race-1")},
+		{name: "other content", second: outbox.Event{Stream: "s", Key: "race-2", Kind: "Thing.Else", Payload: []byte(`{}`)}, conflict: true},
+	} {
+		first := event("s", tc.second.Key)
+		tx1, commit1, rollback1 := e.db.Begin(t)
+		res1, err := e.s.Enqueue(e.ctx, tx1, first)
+		if err != nil || !res1.Inserted {
+			rollback1()
+			t.Fatalf("%s: first enqueue: %+v, %v", tc.name, res1, err)
+		}
+		type outcome struct {
+			tx2      any
+			commit2  func() error
+			rollback func()
+			res      outbox.Enqueued
+			err      error
+		}
+		done := make(chan outcome, 1)
+		go func() {
+			// SQLite's BEGIN IMMEDIATE already waits for the first
+			// transaction, so the second begins here too.
+			tx2, commit2, rollback2, err := e.db.TryBegin()
+			if err != nil {
+				done <- outcome{err: err}
+				return
+			}
+			res, err := e.s.Enqueue(e.ctx, tx2, tc.second)
+			done <- outcome{tx2, commit2, rollback2, res, err}
+		}()
+		time.Sleep(100 * time.Millisecond) // let the second reach the database and wait there
+		if err := commit1(); err != nil {
+			t.Fatalf("%s: commit first: %v", tc.name, err)
+		}
+		var got outcome
+		select {
+		case got = <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: the second enqueue did not return after the first committed", tc.name)
+		}
+		if got.tx2 == nil {
+			t.Fatalf("%s: begin the second transaction: %v", tc.name, got.err)
+		}
+		tx2, commit2, rollback2 := got.tx2, got.commit2, got.rollback
+		switch {
+		case tc.conflict && !errors.Is(got.err, outbox.ErrIdempotencyConflict):
+			rollback2()
+			t.Fatalf("%s: want ErrIdempotencyConflict, got %+v, %v", tc.name, got.res, got.err)
+		case !tc.conflict && (got.err != nil || got.res.Inserted || got.res.ID != res1.ID):
+			rollback2()
+			t.Fatalf("%s: want event %d not inserted, got %+v, %v", tc.name, res1.ID, got.res, got.err)
+		}
+		// The second transaction is still usable: nothing failed inside it.
+		if _, err := e.s.Enqueue(e.ctx, tx2, event("s", tc.second.Key+"-after")); err != nil {
+			rollback2()
+			t.Fatalf("%s: enqueue after the race in the same transaction: %v", tc.name, err)
+		}
+		if err := commit2(); err != nil {
+			t.Fatalf("%s: commit second: %v", tc.name, err)
+		}
+		if n := e.count(e.q("SELECT COUNT(*) FROM millpond_outbox WHERE event_key = ?"), tc.second.Key); n != 1 {
+			t.Fatalf("%s: %d rows hold the key, want 1", tc.name, n)
+		}
 	}
 }
 
@@ -1312,8 +1388,12 @@ func testMigrations(t *testing.T, e *env) {
 	if err := e.s.Migrate(e.ctx); err != nil {
 		t.Fatalf("second migrate: %v", err)
 	}
-	if n := e.count("SELECT COUNT(*) FROM millpond_schema_migrations"); n != 1 {
-		t.Fatalf("want 1 recorded migration, got %d", n)
+	migrations, err := outbox.Migrations(e.db.Dialect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := e.count("SELECT COUNT(*) FROM millpond_schema_migrations"); n != int64(len(migrations)) {
+		t.Fatalf("want %d recorded migrations, got %d", len(migrations), n)
 	}
 	e.enqueue(event("s", "before-down"))
 	if err := e.s.MigrateDown(e.ctx); err != nil {

@@ -133,7 +133,13 @@ func decodeMetadata(text string) (map[string]string, error) {
 // group when none is. It is idempotent on (stream, key): the same kind and
 // payload return the existing id with Inserted false; other content returns
 // ErrIdempotencyConflict. The common case is one round trip.
-func (c *Core) Enqueue(ctx context.Context, tx Executor, ev Event) (Enqueued, error) {
+//
+// With notify set, on PostgreSQL, the same statement also queues a NOTIFY on
+// NotifyChannel for the stream, sent when tx commits; other dialects ignore
+// it. A notifying transaction takes a database-wide lock while it commits
+// (PostgreSQL serialises the commits of notifying transactions), so callers
+// should notify only a few times a second per stream, not on every enqueue.
+func (c *Core) Enqueue(ctx context.Context, tx Executor, ev Event, notify bool) (Enqueued, error) {
 	if tx == nil {
 		return Enqueued{}, errors.New("nil transaction")
 	}
@@ -149,7 +155,11 @@ func (c *Core) Enqueue(ctx context.Context, tx Executor, ev Event) (Enqueued, er
 		payload = []byte{}
 	}
 	hash := contentHash(ev.Kind, payload)
-	args := c.stmts.enqueue.args(map[string]any{
+	stmt := c.stmts.enqueue
+	if notify && c.dialect == Postgres {
+		stmt = c.stmts.enqueueNotify
+	}
+	args := stmt.args(map[string]any{
 		"stream": ev.Stream, "key": ev.Key, "kind": ev.Kind, "payload": payload,
 		"metadata": md, "hash": hash, "now": c.nowArg(), "delay": micros(ev.Delay),
 	})
@@ -159,7 +169,7 @@ func (c *Core) Enqueue(ctx context.Context, tx Executor, ev Event) (Enqueued, er
 		if err != nil || found.ID > 0 {
 			return found, err
 		}
-		res, err := tx.ExecContext(ctx, c.stmts.enqueue.text, args...)
+		res, err := tx.ExecContext(ctx, stmt.text, args...)
 		if err != nil {
 			return Enqueued{}, err
 		}
@@ -169,7 +179,7 @@ func (c *Core) Enqueue(ctx context.Context, tx Executor, ev Event) (Enqueued, er
 			}
 		}
 	} else {
-		rows, err := tx.QueryContext(ctx, c.stmts.enqueue.text, args...)
+		rows, err := tx.QueryContext(ctx, stmt.text, args...)
 		if err != nil {
 			return Enqueued{}, err
 		}

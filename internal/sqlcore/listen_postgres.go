@@ -60,18 +60,3 @@ func listenOnce(ctx context.Context, config *pgx.ConnConfig, wake func(string), 
 		wake(n.Payload)
 	}
 }
-
-// Notify queues a wake-up for the stream's subscribers in the open
-// transaction ex; PostgreSQL sends it when ex commits. Other dialects have
-// no notifications and return nil.
-//
-// A notifying transaction takes a database-wide lock while it commits
-// (PostgreSQL serialises the commits of notifying transactions), so callers
-// should notify only a few times a second per stream, not on every enqueue.
-func (c *Core) Notify(ctx context.Context, ex Executor, stream string) error {
-	if c.dialect != Postgres {
-		return nil
-	}
-	_, err := ex.ExecContext(ctx, "SELECT pg_notify('"+NotifyChannel+"', $1)", stream)
-	return err
-}

@@ -1,6 +1,9 @@
 package sqlcore
 
-import "strings"
+import (
+	"fmt"
+	"strings"
+)
 
 // Every SQL statement of the outbox lives in this file. Templates use @name
 // parameters (see Dialect.compile); {pairs} and {ids} mark lists of receipts
@@ -11,6 +14,7 @@ const lastErrorLeaseExpired = "lease expired after the final attempt"
 
 type statements struct {
 	enqueue        query
+	enqueueNotify  query // PostgreSQL: enqueue and queue a NOTIFY, in one statement
 	existing       query
 	claim          query // PostgreSQL and SQLite: one statement
 	anyDue         query // SQLite: a read that spares idle claims the write lock
@@ -105,13 +109,19 @@ FROM millpond_outbox src WHERE src.id = @id`
 	switch d {
 	case Postgres:
 		// The groups are read once (a CTE) for the rows and for the default.
-		s.enqueue = c(`WITH g AS (
-  SELECT DISTINCT consumer_group FROM millpond_subscriptions WHERE stream = @stream AND event_kind IN ('', @kind::VARCHAR))
+		enqueue := `WITH g AS (
+  SELECT DISTINCT consumer_group FROM millpond_subscriptions WHERE stream = @stream AND event_kind IN ('', @kind::VARCHAR))%s
 ` + insertCols + `SELECT @stream::VARCHAR, r.consumer_group, @key::VARCHAR, @kind::VARCHAR, @payload::BYTEA, @metadata::TEXT, @hash::BYTEA, 'pending', @now + @delay::BIGINT, @now
-FROM (SELECT consumer_group FROM g UNION ALL SELECT '' WHERE NOT EXISTS (SELECT 1 FROM g)) r
+FROM (SELECT consumer_group FROM g UNION ALL SELECT '' WHERE NOT EXISTS (SELECT 1 FROM g)) r%s
 WHERE NOT EXISTS (SELECT 1 ` + known + `)
 ON CONFLICT (stream, event_key, consumer_group) DO NOTHING
-RETURNING id`)
+RETURNING id`
+		s.enqueue = c(fmt.Sprintf(enqueue, "", ""))
+		// The same statement with the wake-up folded in, which spares the
+		// producer a round trip: the n row is joined, so its pg_notify runs
+		// once, whether or not a row is inserted.
+		s.enqueueNotify = c(fmt.Sprintf(enqueue, `,
+n AS (SELECT pg_notify('`+NotifyChannel+`', @stream::TEXT))`, ", n"))
 		s.claim = c(`WITH due AS (
   SELECT id FROM millpond_outbox
   WHERE stream = @stream AND consumer_group = @group AND NOT settled AND available_at <= @now

@@ -187,19 +187,29 @@ func (d *Database) Store(t testing.TB, opts ...outbox.Option) *outbox.Store {
 // *sql.Tx elsewhere. commit and rollback end it.
 func (d *Database) Begin(t testing.TB) (tx any, commit func() error, rollback func()) {
 	t.Helper()
+	tx, commit, rollback, err := d.TryBegin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tx, commit, rollback
+}
+
+// TryBegin is Begin for goroutines other than the test's: it returns the
+// error instead of failing the test.
+func (d *Database) TryBegin() (tx any, commit func() error, rollback func(), err error) {
 	ctx := context.Background()
 	if d.Pool != nil {
 		ptx, err := d.Pool.Begin(ctx)
 		if err != nil {
-			t.Fatal(err)
+			return nil, nil, nil, err
 		}
-		return ptx, func() error { return ptx.Commit(ctx) }, func() { _ = ptx.Rollback(ctx) }
+		return ptx, func() error { return ptx.Commit(ctx) }, func() { _ = ptx.Rollback(ctx) }, nil
 	}
 	stx, err := d.SQL.BeginTx(ctx, nil)
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, nil, err
 	}
-	return stx, stx.Commit, func() { _ = stx.Rollback() }
+	return stx, stx.Commit, func() { _ = stx.Rollback() }, nil
 }
 
 // Exec runs a statement outside the outbox, for tests that inspect or

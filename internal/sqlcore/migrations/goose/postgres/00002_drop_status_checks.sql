@@ -1,0 +1,21 @@
+-- Generated from the golang-migrate files of this dialect; keep in step
+-- (go test ./internal/sqlcore -run TestGooseMigrations -update-goose).
+
+-- +goose Up
+ALTER TABLE millpond_outbox DROP CONSTRAINT IF EXISTS millpond_outbox_status_check;
+ALTER TABLE millpond_outbox DROP CONSTRAINT IF EXISTS millpond_outbox_settled_check;
+
+-- +goose Down
+-- +goose StatementBegin
+DO $$
+BEGIN
+    IF to_regclass('millpond_outbox') IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'millpond_outbox_status_check') THEN
+        ALTER TABLE millpond_outbox ADD CONSTRAINT millpond_outbox_status_check
+            CHECK (status IN ('pending', 'processing', 'delivered', 'dead_letter'));
+        ALTER TABLE millpond_outbox ADD CONSTRAINT millpond_outbox_settled_check
+            CHECK (settled = (status IN ('delivered', 'dead_letter')));
+    END IF;
+END
+$$;
+-- +goose StatementEnd
