@@ -6,6 +6,7 @@
 // Usage:
 //
 //	go run . -events 20000 -out results.md
+//	go run . -enqueue-breakdown -events 28000 -out enqueue-breakdown.md
 package main
 
 import (
@@ -36,6 +37,7 @@ type config struct {
 	prefill        int
 	out            string
 	phaseTimeout   time.Duration
+	breakdown      bool
 }
 
 func main() {
@@ -53,6 +55,8 @@ func main() {
 	flag.IntVar(&cfg.prefill, "prefill", 0, "already-delivered rows to put in each system's table before measuring")
 	flag.StringVar(&cfg.out, "out", "", "also write the markdown report to this file")
 	flag.DurationVar(&cfg.phaseTimeout, "phase-timeout", 5*time.Minute, "give up on a delivery or latency phase after this long")
+	flag.BoolVar(&cfg.breakdown, "enqueue-breakdown", false,
+		"instead of the systems, measure what each duty of millpond's enqueue statement costs against the raw INSERT")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -140,6 +144,9 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 
+	if cfg.breakdown {
+		return runBreakdown(ctx, pool, cfg, env)
+	}
 	rep := report{cfg: cfg, env: env, started: time.Now()}
 	for _, name := range cfg.systems {
 		info := registry[name]

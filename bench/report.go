@@ -101,13 +101,24 @@ func (r report) markdown() string {
 	r.targets(&b)
 
 	b.WriteString("Systems:\n\n")
+	described := map[string]bool{}
 	for _, res := range r.results {
-		fmt.Fprintf(&b, "- **%s** (`%s`): %s.", res.info.label, res.info.name, res.info.notes)
+		if !described[res.info.name] {
+			described[res.info.name] = true
+			fmt.Fprintf(&b, "- **%s** (`%s`): %s.\n", res.info.label, res.info.name, res.info.notes)
+		}
+	}
+	b.WriteString("\nRuns:\n\n")
+	for i, res := range r.results {
+		fmt.Fprintf(&b, "%d. `%s`:", i+1, res.info.name)
 		if res.offeredRate > 0 {
-			fmt.Fprintf(&b, " Latency phase achieved %.0f commits/s.", res.offeredRate)
+			fmt.Fprintf(&b, " latency phase achieved %.0f commits/s.", res.offeredRate)
 		}
 		if res.err != nil {
 			fmt.Fprintf(&b, " **Error:** %v.", res.err)
+		}
+		if res.offeredRate <= 0 && res.err == nil {
+			b.WriteString(" ok.")
 		}
 		b.WriteString("\n")
 	}

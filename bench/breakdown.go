@@ -1,0 +1,145 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millpond/millpond/outbox"
+)
+
+// The enqueue breakdown writes the same event into millpond's table with
+// statements that add one of the enqueue's duties at a time, so the cost of
+// each duty is measured rather than guessed. The last step is the library
+// itself.
+const breakdownInsert = `INSERT INTO millpond_outbox (stream, consumer_group, event_key, event_kind, payload, metadata, content_hash, status, available_at, created_at)
+`
+
+// breakdownStep is one statement of the breakdown.
+type breakdownStep struct {
+	name  string // shown in the table
+	adds  string // the duty this step adds over the previous one
+	query string // run with (stream, key, kind, payload, metadata, hash, now); empty for the Store
+}
+
+var breakdownSteps = []breakdownStep{
+	{
+		name:  "outbox row, plain INSERT … VALUES",
+		adds:  "the wider row and the outbox's indexes (primary key, idempotency key, due events)",
+		query: breakdownInsert + `VALUES ($1, '', $2, $3, $4, $5, $6, 'pending', $7, $7)`,
+	},
+	{
+		name:  "+ ON CONFLICT DO NOTHING RETURNING id",
+		adds:  "racing enqueues of one key resolve without failing the caller's transaction",
+		query: breakdownInsert + `VALUES ($1, '', $2, $3, $4, $5, $6, 'pending', $7, $7) ON CONFLICT (stream, event_key, consumer_group) DO NOTHING RETURNING id`,
+	},
+	{
+		name: "+ probe of the key in every group",
+		adds: "idempotency and the content check across consumer groups",
+		query: breakdownInsert + `SELECT $1::VARCHAR, '', $2::VARCHAR, $3::VARCHAR, $4::BYTEA, $5::TEXT, $6::BYTEA, 'pending', $7::BIGINT, $7::BIGINT
+WHERE NOT EXISTS (SELECT 1 FROM millpond_outbox k WHERE k.stream = $1 AND k.event_key = $2)
+ON CONFLICT (stream, event_key, consumer_group) DO NOTHING RETURNING id`,
+	},
+	{
+		name: "millpond outbox.Store.Enqueue",
+		adds: "a row per subscribed consumer group (the subscriptions read), validation, content hash, the debounced NOTIFY",
+	},
+}
+
+// breakdownRounds is how many raw/step slice pairs each step takes.
+const breakdownRounds = 7
+
+// runBreakdown measures every breakdown step against the raw INSERT and
+// prints (and optionally writes) a markdown table.
+func runBreakdown(ctx context.Context, pool *pgxpool.Pool, cfg config, env string) error {
+	store, err := outbox.NewPostgres(pool)
+	if err != nil {
+		return err
+	}
+	if err := store.MigrateDown(ctx); err != nil {
+		return err
+	}
+	if err := store.Migrate(ctx); err != nil {
+		return err
+	}
+	slice := max(cfg.events/breakdownRounds, 1)
+	type measured struct {
+		step   breakdownStep
+		ratios []float64
+	}
+	var results []measured
+	for _, step := range breakdownSteps {
+		enqueue := breakdownEnqueue(store, step)
+		if _, err := pool.Exec(ctx, `TRUNCATE millpond_outbox, millpond_subscriptions, bench_orders`); err != nil {
+			return err
+		}
+		m := measured{step: step}
+		for round := range breakdownRounds {
+			baseRate, err := measureBaseline(ctx, pool, cfg.producers, slice)
+			if err != nil {
+				return fmt.Errorf("breakdown: baseline: %w", err)
+			}
+			if _, err := pool.Exec(ctx, `CHECKPOINT`); err != nil {
+				return err
+			}
+			elapsed, err := runProducers(ctx, pool, cfg.producers, enqueue, int64(round*slice+1), slice, nil, nil)
+			if err != nil {
+				return fmt.Errorf("breakdown: %s: %w", step.name, err)
+			}
+			m.ratios = append(m.ratios, baseRate/(float64(slice)/elapsed.Seconds()))
+		}
+		slices.Sort(m.ratios)
+		logf("breakdown: %s: %.2fx raw INSERT (rounds %.2f)", step.name, median(slices.Clone(m.ratios)), m.ratios)
+		results = append(results, m)
+	}
+
+	var b strings.Builder
+	fmt.Fprintf(&b, "# millpond enqueue breakdown\n\nRun %s. %s.\n\n", time.Now().UTC().Format(time.RFC3339), env)
+	fmt.Fprintf(&b, "Each transaction inserts one domain row and one ~%d-byte event, %d producers. Every step is measured "+
+		"in %d slices of %d events, each right after a raw INSERT slice of the same size (a one-index table); "+
+		"the cost is the median of the per-slice ratios raw ev/s ÷ step ev/s, with the range.\n\n",
+		payloadSize, cfg.producers, breakdownRounds, slice)
+	b.WriteString("| step | cost vs raw INSERT | range | over the previous step | what the step adds |\n|---|---:|---:|---:|---|\n")
+	prev := 1.0
+	for _, m := range results {
+		cost := median(slices.Clone(m.ratios))
+		fmt.Fprintf(&b, "| %s | %.2fx | %.2f–%.2f | %+.2f | %s |\n", m.step.name, cost, m.ratios[0], m.ratios[len(m.ratios)-1], cost-prev, m.step.adds)
+		prev = cost
+	}
+	md := b.String()
+	fmt.Print(md)
+	if cfg.out != "" {
+		if err := os.WriteFile(cfg.out, []byte(md), 0o644); err != nil {
+			return err
+		}
+		logf("wrote %s", cfg.out)
+	}
+	return nil
+}
+
+// breakdownEnqueue returns the enqueue function of one step.
+func breakdownEnqueue(store *outbox.Store, step breakdownStep) enqueueFunc {
+	if step.query == "" {
+		return func(ctx context.Context, tx pgx.Tx, payload []byte) error {
+			_, err := store.Enqueue(ctx, tx, outbox.Event{Stream: millpondStream, Key: uuid.NewString(), Kind: "bench_event", Payload: payload})
+			return err
+		}
+	}
+	return func(ctx context.Context, tx pgx.Tx, payload []byte) error {
+		hash := sha256.Sum256(payload)
+		rows, err := tx.Query(ctx, step.query, millpondStream, uuid.NewString(), "bench_event", payload, "{}", hash[:], time.Now().UnixMicro())
+		if err != nil {
+			return err
+		}
+		rows.Close()
+		return rows.Err()
+	}
+}
