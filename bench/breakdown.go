@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -115,14 +114,7 @@ func runBreakdown(ctx context.Context, pool *pgxpool.Pool, cfg config, env strin
 		prev = cost
 	}
 	md := b.String()
-	fmt.Print(md)
-	if cfg.out != "" {
-		if err := os.WriteFile(cfg.out, []byte(md), 0o644); err != nil {
-			return err
-		}
-		logf("wrote %s", cfg.out)
-	}
-	return nil
+	return emit(md, cfg.out)
 }
 
 // breakdownEnqueue returns the enqueue function of one step.

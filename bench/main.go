@@ -163,13 +163,19 @@ func run(ctx context.Context, cfg config) error {
 	}
 
 	md := rep.markdown()
+	return emit(md, cfg.out)
+}
+
+// emit prints the markdown report and, when out is set, writes it there.
+func emit(md, out string) error {
 	fmt.Print(md)
-	if cfg.out != "" {
-		if err := os.WriteFile(cfg.out, []byte(md), 0o644); err != nil {
-			return err
-		}
-		logf("wrote %s", cfg.out)
+	if out == "" {
+		return nil
 	}
+	if err := os.WriteFile(out, []byte(md), 0o644); err != nil {
+		return err
+	}
+	logf("wrote %s", out)
 	return nil
 }
 

@@ -242,10 +242,11 @@ func (s *Store) Enqueue(ctx context.Context, tx any, ev Event) (Enqueued, error)
 // The NOTIFY rides in the enqueue statement itself, so it costs no round
 // trip; a duplicate enqueue may spend it on a wake-up that finds nothing.
 func (s *Store) enqueue(ctx context.Context, ex sqlcore.Executor, ev Event) (Enqueued, error) {
-	if err := ev.Validate(); err != nil {
-		return Enqueued{}, err // before the gate spends a notification on it
+	notify := s.gate.due(ev.Stream)
+	res, err := s.core.Enqueue(ctx, ex, ev, notify)
+	if err != nil && notify {
+		s.gate.forget(ev.Stream) // no NOTIFY was queued: the next enqueue sends it
 	}
-	res, err := s.core.Enqueue(ctx, ex, ev, s.gate.due(ev.Stream))
 	if err != nil || !res.Inserted {
 		return res, err
 	}

@@ -96,3 +96,11 @@ func (g *notifyGate) due(stream string) bool {
 	g.last[stream] = now
 	return true
 }
+
+// forget drops the record of stream's last NOTIFY, so the next due call
+// sends one: for a notification that was recorded but never queued.
+func (g *notifyGate) forget(stream string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.last, stream)
+}

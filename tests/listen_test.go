@@ -60,6 +60,11 @@ func TestPostgresNotifyWakesSubscribersAndListenerReconnects(t *testing.T) {
 	// its next poll is more than a second away, so a delivery within 500 ms
 	// can only come from a notification.
 	time.Sleep(3 * time.Second)
+	// A refused event right before must not use up the notification the
+	// next enqueue sends (they are at most 10 ms apart per stream).
+	if err := pub.Publish("wake", message.NewMessage("", []byte("no key"))); err == nil {
+		t.Fatal("a message without a UUID (the event key) was accepted")
+	}
 	t.Logf("commit to handler before the kill: %s", roundTrip("before"))
 
 	// Kill the listener's connection.
