@@ -10,7 +10,8 @@ ALTER TABLE millpond_outbox DROP CONSTRAINT IF EXISTS millpond_outbox_settled_ch
 DO $$
 BEGIN
     IF to_regclass('millpond_outbox') IS NOT NULL
-       AND NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'millpond_outbox_status_check') THEN
+       AND NOT EXISTS (SELECT 1 FROM pg_constraint
+                       WHERE conrelid = to_regclass('millpond_outbox') AND conname = 'millpond_outbox_status_check') THEN
         ALTER TABLE millpond_outbox ADD CONSTRAINT millpond_outbox_status_check
             CHECK (status IN ('pending', 'processing', 'delivered', 'dead_letter'));
         ALTER TABLE millpond_outbox ADD CONSTRAINT millpond_outbox_settled_check
