@@ -609,65 +609,115 @@ func testRacingEnqueues(t *testing.T, e *env) {
 		{name: "same content", second: event("s", "race-1")},
 		{name: "other content", second: outbox.Event{Stream: "s", Key: "race-2", Kind: "Thing.Else", Payload: []byte(`{}`)}, conflict: true},
 	} {
-		first := event("s", tc.second.Key)
-		tx1, commit1, rollback1 := e.db.Begin(t)
-		res1, err := e.s.Enqueue(e.ctx, tx1, first)
-		if err != nil || !res1.Inserted {
-			rollback1()
-			t.Fatalf("%s: first enqueue: %+v, %v", tc.name, res1, err)
-		}
-		type outcome struct {
-			tx2      any
-			commit2  func() error
-			rollback func()
-			res      outbox.Enqueued
-			err      error
-		}
-		done := make(chan outcome, 1)
-		go func() {
-			// SQLite's BEGIN IMMEDIATE already waits for the first
-			// transaction, so the second begins here too.
-			tx2, commit2, rollback2, err := e.db.TryBegin()
-			if err != nil {
-				done <- outcome{err: err}
-				return
-			}
-			res, err := e.s.Enqueue(e.ctx, tx2, tc.second)
-			done <- outcome{tx2, commit2, rollback2, res, err}
-		}()
-		time.Sleep(100 * time.Millisecond) // let the second reach the database and wait there
-		if err := commit1(); err != nil {
-			t.Fatalf("%s: commit first: %v", tc.name, err)
-		}
-		var got outcome
-		select {
-		case got = <-done:
-		case <-time.After(30 * time.Second):
-			t.Fatalf("%s: the second enqueue did not return after the first committed", tc.name)
-		}
-		if got.tx2 == nil {
-			t.Fatalf("%s: begin the second transaction: %v", tc.name, got.err)
-		}
-		tx2, commit2, rollback2 := got.tx2, got.commit2, got.rollback
-		switch {
-		case tc.conflict && !errors.Is(got.err, outbox.ErrIdempotencyConflict):
-			rollback2()
-			t.Fatalf("%s: want ErrIdempotencyConflict, got %+v, %v", tc.name, got.res, got.err)
-		case !tc.conflict && (got.err != nil || got.res.Inserted || got.res.ID != res1.ID):
-			rollback2()
-			t.Fatalf("%s: want event %d not inserted, got %+v, %v", tc.name, res1.ID, got.res, got.err)
-		}
-		// The second transaction is still usable: nothing failed inside it.
-		if _, err := e.s.Enqueue(e.ctx, tx2, event("s", tc.second.Key+"-after")); err != nil {
-			rollback2()
-			t.Fatalf("%s: enqueue after the race in the same transaction: %v", tc.name, err)
-		}
-		if err := commit2(); err != nil {
-			t.Fatalf("%s: commit second: %v", tc.name, err)
-		}
+		raceOnce(t, e, tc.name, event("s", tc.second.Key), tc.second, tc.conflict)
 		if n := e.count(e.q("SELECT COUNT(*) FROM millpond_outbox WHERE event_key = ?"), tc.second.Key); n != 1 {
 			t.Fatalf("%s: %d rows hold the key, want 1", tc.name, n)
 		}
+	}
+}
+
+// raceOnce enqueues first in one open transaction and second in another
+// that starts while the first is open, then commits both; see
+// testRacingEnqueues. Whatever fails, both transactions end, so the
+// database can be dropped.
+func raceOnce(t *testing.T, e *env, name string, first, second outbox.Event, conflict bool) {
+	type outcome struct {
+		tx       any
+		commit   func() error
+		rollback func()
+		res      outbox.Enqueued
+		err      error
+	}
+	tx1, commit1, rollback1 := e.db.Begin(t)
+	done := make(chan outcome, 1)
+	var got outcome
+	received := false
+	defer func() {
+		rollback1() // no-op once committed
+		if !received {
+			got = <-done // the second returns once the first has ended
+		}
+		if got.rollback != nil {
+			got.rollback()
+		}
+	}()
+	res1, err := e.s.Enqueue(e.ctx, tx1, first)
+	if err != nil || !res1.Inserted {
+		received = true
+		t.Fatalf("%s: first enqueue: %+v, %v", name, res1, err)
+	}
+	go func() {
+		// SQLite's BEGIN IMMEDIATE already waits for the first
+		// transaction, so the second begins here too.
+		tx2, commit2, rollback2, err := e.db.TryBegin()
+		if err != nil {
+			done <- outcome{err: err}
+			return
+		}
+		res, err := e.s.Enqueue(e.ctx, tx2, second)
+		done <- outcome{tx2, commit2, rollback2, res, err}
+	}()
+	e.waitForLockWait(name)
+	select {
+	case got = <-done:
+		received = true
+		t.Fatalf("%s: the second enqueue returned before the first committed: %+v, %v", name, got.res, got.err)
+	default:
+	}
+	if err := commit1(); err != nil {
+		t.Fatalf("%s: commit first: %v", name, err)
+	}
+	select {
+	case got = <-done:
+		received = true
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s: the second enqueue did not return after the first committed", name)
+	}
+	if got.tx == nil {
+		t.Fatalf("%s: begin the second transaction: %v", name, got.err)
+	}
+	switch {
+	case conflict && !errors.Is(got.err, outbox.ErrIdempotencyConflict):
+		t.Fatalf("%s: want ErrIdempotencyConflict, got %+v, %v", name, got.res, got.err)
+	case !conflict && (got.err != nil || got.res.Inserted || got.res.ID != res1.ID):
+		t.Fatalf("%s: want event %d not inserted, got %+v, %v", name, res1.ID, got.res, got.err)
+	}
+	// The second transaction is still usable: nothing failed inside it.
+	if _, err := e.s.Enqueue(e.ctx, got.tx, event("s", second.Key+"-after")); err != nil {
+		t.Fatalf("%s: enqueue after the race in the same transaction: %v", name, err)
+	}
+	if err := got.commit(); err != nil {
+		t.Fatalf("%s: commit second: %v", name, err)
+	}
+}
+
+// waitForLockWait returns once a transaction of this test's database waits
+// on a lock (PostgreSQL) or runs its outbox insert (MySQL), so a race test
+// knows its second transaction really is inside the database, waiting for
+// the first. SQLite shows no lock waits; there it
+// gives the second transaction a moment to reach BEGIN IMMEDIATE, which
+// waits for the first to end.
+func (e *env) waitForLockWait(label string) {
+	e.t.Helper()
+	var query string
+	switch e.db.Dialect {
+	case "postgres":
+		query = "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+	case "mysql":
+		// MariaDB lists a statement waiting on a row lock in the process
+		// list, not always in INNODB_TRX.
+		query = `SELECT COUNT(*) FROM information_schema.PROCESSLIST
+WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO LIKE 'INSERT INTO millpond_outbox%'`
+	default:
+		time.Sleep(100 * time.Millisecond)
+		return
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for e.count(query) == 0 {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%s: the second transaction never waited on the first's lock", label)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
