@@ -7,7 +7,7 @@
 //
 //	fx.New(
 //		fx.Provide(zap.NewProduction),
-//		fx.Supply(fxmodule.Config{DatabaseURL: "sqlite:app.db", AutoMigrate: true}),
+//		fx.Supply(fxmodule.Config{DatabaseURL: os.Getenv("DATABASE_URL"), AutoMigrate: true}),
 //		fxmodule.Module,
 //		fxmodule.WithZapLogger(),
 //		fx.Provide(fxmodule.AsHandler(NewReserveStock)),
@@ -21,8 +21,10 @@ package fxmodule
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -32,6 +34,7 @@ import (
 	"go.uber.org/zap/exp/zapslog"
 
 	"github.com/millpond/millpond/bus"
+	"github.com/millpond/millpond/dsn"
 	"github.com/millpond/millpond/handlers"
 	"github.com/millpond/millpond/outbox"
 )
@@ -41,8 +44,11 @@ const HandlerGroup = "millpond.handlers"
 
 // Config configures the module.
 type Config struct {
-	// DatabaseURL is given to outbox.Open: postgres://, mysql:// or
-	// sqlite:path. Default "sqlite:millpond.db".
+	// DatabaseURL is given to outbox.Open: postgres://, mysql://,
+	// sqlite:path or a PostgreSQL key=value string (see package dsn). It is
+	// required: an empty URL is refused rather than quietly keeping events
+	// in a local file. The store logs its dialect and the address with the
+	// password hidden when it opens.
 	DatabaseURL string
 	// AutoMigrate runs Store.Migrate on start.
 	AutoMigrate bool
@@ -93,10 +99,17 @@ type storeParams struct {
 	Logger    *zap.Logger
 }
 
+// ErrNoDatabaseURL is returned when Config.DatabaseURL is empty.
+var ErrNoDatabaseURL = errors.New("fxmodule: Config.DatabaseURL is empty; name the database (postgres://…, mysql://…, sqlite:path)")
+
 func newStore(p storeParams) (*outbox.Store, error) {
 	url := p.Config.DatabaseURL
-	if url == "" {
-		url = "sqlite:millpond.db"
+	if strings.TrimSpace(url) == "" {
+		return nil, ErrNoDatabaseURL
+	}
+	addr, err := dsn.Parse(url)
+	if err != nil {
+		return nil, fmt.Errorf("fxmodule: DatabaseURL: %w", err)
 	}
 	timeout := p.Config.OpenTimeout
 	if timeout == 0 {
@@ -104,10 +117,12 @@ func newStore(p storeParams) (*outbox.Store, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	store, err := outbox.Open(ctx, url, outbox.WithLogger(SlogLogger(p.Logger.Named("millpond"))))
+	log := p.Logger.Named("millpond")
+	store, err := outbox.Open(ctx, url, outbox.WithLogger(SlogLogger(log)))
 	if err != nil {
 		return nil, fmt.Errorf("fxmodule: %w", err)
 	}
+	log.Info("opened the outbox store", zap.String("dialect", store.Dialect()), zap.Stringer("database", addr))
 	p.Lifecycle.Append(fx.Hook{
 		OnStart: func(ctx context.Context) error {
 			if p.Config.AutoMigrate {

@@ -2,7 +2,11 @@ package fxmodule_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"net/url"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,8 +19,10 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/millpond/millpond/bus"
+	"github.com/millpond/millpond/dsn"
 	"github.com/millpond/millpond/fxmodule"
 	"github.com/millpond/millpond/handlers"
+	"github.com/millpond/millpond/internal/testdb"
 	"github.com/millpond/millpond/outbox"
 )
 
@@ -115,5 +121,83 @@ func TestModuleFailsClearlyOnABadDatabaseURL(t *testing.T) {
 	)
 	if err := app.Err(); err == nil {
 		t.Fatal("an unknown database scheme was accepted")
+	}
+}
+
+func TestModuleRefusesAnEmptyDatabaseURL(t *testing.T) {
+	app := fx.New(
+		fx.Supply(zap.NewNop(), fxmodule.Config{}),
+		fxmodule.Module,
+		fx.NopLogger,
+	)
+	if err := app.Err(); !errors.Is(err, fxmodule.ErrNoDatabaseURL) {
+		t.Fatalf("an empty DatabaseURL: got %v, want ErrNoDatabaseURL", err)
+	}
+}
+
+// logged renders every entry the observer saw, fields included.
+func logged(logs *observer.ObservedLogs) string {
+	var b strings.Builder
+	for _, e := range logs.All() {
+		fmt.Fprintf(&b, "%s %s %v\n", e.LoggerName, e.Message, e.ContextMap())
+	}
+	return b.String()
+}
+
+// The store logs which database it opened, with the password hidden, and
+// no start-up log or error of the module shows the password: neither when
+// the database opens (PostgreSQL's trust authentication ignores it) nor
+// when it cannot be reached.
+func TestModuleLogsTheDatabaseWithoutItsPassword(t *testing.T) {
+	const secret = "fx-Unique-Pw-4411"
+	db := testdb.New(t, "postgres")
+	u, err := url.Parse(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := fmt.Sprintf("host=%s port=%s user=%s password=%s dbname=%s search_path=%s sslmode=disable",
+		u.Hostname(), u.Port(), u.User.Username(), secret, strings.TrimPrefix(u.Path, "/"), u.Query().Get("search_path"))
+
+	core, logs := observer.New(zap.DebugLevel)
+	app := fxtest.New(t,
+		fx.Supply(zap.New(core), fxmodule.Config{DatabaseURL: kv, AutoMigrate: true}),
+		fxmodule.Module,
+		fxmodule.WithZapLogger(),
+	)
+	app.RequireStart()
+	app.RequireStop()
+	opened := logs.FilterMessage("opened the outbox store").All()
+	if len(opened) != 1 {
+		t.Fatalf("%d 'opened the outbox store' lines, want 1:\n%s", len(opened), logged(logs))
+	}
+	fields := opened[0].ContextMap()
+	if fields["dialect"] != "postgres" || !strings.Contains(fmt.Sprint(fields["database"]), "password=xxxxx") {
+		t.Errorf("opened line: %v", fields)
+	}
+	if out := logged(logs); strings.Contains(out, secret) {
+		t.Errorf("the logs show the password:\n%s", out)
+	}
+
+	for _, addr := range []string{
+		strings.Replace(kv, "port="+u.Port(), "port=1", 1) + " connect_timeout=2",
+		"postgres://admin:" + secret + "@127.0.0.1:1/db?connect_timeout=2",
+		"postgress://admin:" + secret + "@127.0.0.1/db",
+	} {
+		core, logs := observer.New(zap.DebugLevel)
+		app := fx.New(
+			fx.Supply(zap.New(core), fxmodule.Config{DatabaseURL: addr}),
+			fxmodule.Module,
+			fxmodule.WithZapLogger(),
+		)
+		err := app.Err()
+		if err == nil {
+			t.Fatalf("%s: opened", dsn.Redact(addr))
+		}
+		if strings.Contains(err.Error(), secret) {
+			t.Errorf("the error shows the password: %v", err)
+		}
+		if out := logged(logs); strings.Contains(out, secret) {
+			t.Errorf("the logs show the password:\n%s", out)
+		}
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "modernc.org/sqlite" // the embedded default dialect
+
+	"github.com/millpond/millpond/dsn"
 )
 
 // DefaultPostgresMaxConns is the pool size Open gives a PostgreSQL pool
@@ -33,27 +35,58 @@ func SQLiteDSN(path string) string {
 	return "file:" + path + sep + "_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=synchronous(FULL)&_pragma=foreign_keys(1)&_txlock=immediate"
 }
 
-// Open connects to the database a URL names and returns a Store that owns
-// the connection (Close closes it):
+// Open connects to the database an address names and returns a Store that
+// owns the connection (Close closes it). The accepted forms are those of
+// package dsn:
 //
 //	postgres://user:pass@host:5432/db?sslmode=disable   (also postgresql://;
 //	                                                     pool_max_conns, default 20)
-//	mysql://user:pass@host:3306/db
-//	sqlite:///path/to/file.db  or  sqlite:file.db
+//	host=… user=… password=… dbname=…                   (PostgreSQL key=value)
+//	mysql://user:pass@host:3306/db                       (also mariadb://)
+//	sqlite:///path/to/file.db  or  sqlite:file.db  or  file:file.db
 //
-// It does not migrate; call Migrate.
-func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
-	scheme, rest, ok := strings.Cut(rawURL, ":")
-	if !ok {
-		return nil, fmt.Errorf("outbox: open: %q has no scheme (postgres://, mysql:// or sqlite:)", redactURL(rawURL))
+// Anything else is refused with an error wrapping dsn.ErrUnsupported. No
+// error shows the address's password. It does not migrate; call Migrate.
+func Open(ctx context.Context, address string, opts ...Option) (*Store, error) {
+	addr, err := dsn.Parse(address)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: open: %w", err)
 	}
-	switch strings.ToLower(scheme) {
-	case "postgres", "postgresql":
-		config, err := pgxpool.ParseConfig(rawURL)
-		if err != nil {
-			return nil, fmt.Errorf("outbox: open postgres: %w", err)
+	s, err := openAddress(ctx, addr, opts)
+	if err != nil {
+		// A driver may echo what it was given; never let a password through.
+		return nil, &openError{
+			text: fmt.Sprintf("outbox: open %s %s: %s", addr.Dialect, addr, addr.Scrub(err.Error())),
+			err:  err,
 		}
-		if !strings.Contains(rawURL, "pool_max_conns") {
+	}
+	return s, nil
+}
+
+// ErrOpen is wrapped by Open's errors when the database could not be
+// reached or its driver refused the address.
+var ErrOpen = errors.New("could not open the database")
+
+// openError is a driver's error with the address's password scrubbed from
+// its text; errors.Is and errors.As still see ErrOpen and the driver's
+// error.
+type openError struct {
+	text string
+	err  error
+}
+
+func (e *openError) Error() string   { return e.text }
+func (e *openError) Unwrap() []error { return []error{ErrOpen, e.err} }
+
+func openAddress(ctx context.Context, addr dsn.Address, opts []Option) (*Store, error) {
+	raw := addr.Raw()
+	switch addr.Dialect {
+	case dsn.Postgres:
+		config, err := pgxpool.ParseConfig(raw)
+		if err != nil {
+			return nil, err
+		}
+		if !strings.Contains(raw, "pool_max_conns") {
 			// pgxpool's default (the larger of 4 and the CPU count) is too
 			// small once every subscription claims, acknowledges and extends
 			// leases beside the application's own transactions.
@@ -61,11 +94,11 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
 		}
 		pool, err := pgxpool.NewWithConfig(ctx, config)
 		if err != nil {
-			return nil, fmt.Errorf("outbox: open postgres: %w", err)
+			return nil, err
 		}
 		if err := pool.Ping(ctx); err != nil {
 			pool.Close()
-			return nil, fmt.Errorf("outbox: open postgres: %w", err)
+			return nil, err
 		}
 		s, err := NewPostgres(pool, opts...)
 		if err != nil {
@@ -74,12 +107,12 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
 		}
 		s.closer = func() error { pool.Close(); return nil }
 		return s, nil
-	case "mysql", "mariadb":
-		dsn, err := mysqlDSN(rawURL)
+	case dsn.MySQL:
+		cfg, err := mysqlDSN(raw)
 		if err != nil {
 			return nil, err
 		}
-		db, err := openSQL(ctx, "mysql", dsn)
+		db, err := openSQL(ctx, "mysql", cfg)
 		if err != nil {
 			return nil, err
 		}
@@ -90,10 +123,10 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
 		}
 		s.closer = db.Close
 		return s, nil
-	case "sqlite", "file":
-		path := strings.TrimPrefix(rest, "//")
-		if path == "" || strings.Contains(path, ":memory:") || strings.Contains(path, "mode=memory") {
-			return nil, errors.New("outbox: open sqlite: give a database file; an in-memory database is private to one connection and would lose every event")
+	default:
+		path := addr.Path
+		if strings.Contains(path, ":memory:") || strings.Contains(path, "mode=memory") {
+			return nil, errors.New("give a database file; an in-memory database is private to one connection and would lose every event")
 		}
 		db, err := openSQL(ctx, "sqlite", SQLiteDSN(path))
 		if err != nil {
@@ -106,20 +139,18 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
 		}
 		s.closer = db.Close
 		return s, nil
-	default:
-		return nil, fmt.Errorf("outbox: open: unknown scheme %q (want postgres, mysql or sqlite)", scheme)
 	}
 }
 
-func openSQL(ctx context.Context, driver, dsn string) (*sql.DB, error) {
-	db, err := sql.Open(driver, dsn)
+func openSQL(ctx context.Context, driver, source string) (*sql.DB, error) {
+	db, err := sql.Open(driver, source)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: open %s: %w", driver, err)
+		return nil, err
 	}
 	db.SetConnMaxIdleTime(5 * time.Minute)
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("outbox: open %s: %w", driver, err)
+		return nil, err
 	}
 	return db, nil
 }
@@ -132,7 +163,7 @@ func openSQL(ctx context.Context, driver, dsn string) (*sql.DB, error) {
 func mysqlDSN(rawURL string) (string, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return "", fmt.Errorf("outbox: open mysql: the URL does not parse (%s)", redactURL(rawURL))
+		return "", errors.New("the URL does not parse")
 	}
 	q := u.Query()
 	if !q.Has("interpolateParams") {
@@ -140,7 +171,7 @@ func mysqlDSN(rawURL string) (string, error) {
 	}
 	cfg, err := mysql.ParseDSN("/?" + q.Encode())
 	if err != nil {
-		return "", fmt.Errorf("outbox: open mysql: %w", err)
+		return "", err
 	}
 	cfg.User = u.User.Username()
 	cfg.Passwd, _ = u.User.Password()
@@ -152,13 +183,4 @@ func mysqlDSN(rawURL string) (string, error) {
 	cfg.Addr = net.JoinHostPort(u.Hostname(), port)
 	cfg.DBName = strings.TrimPrefix(u.Path, "/")
 	return cfg.FormatDSN(), nil
-}
-
-// redactURL hides a URL's password.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "[unparseable url]"
-	}
-	return u.Redacted()
 }

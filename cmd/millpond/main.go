@@ -14,8 +14,8 @@
 //	millpond purge -older-than 168h [-limit N]
 //
 // The database comes from -db (before or after the command) or from the
-// MILLPOND_DATABASE_URL environment variable: postgres://, mysql:// or
-// sqlite:path. Passwords are never printed. The exit code is 0 on success,
+// MILLPOND_DATABASE_URL environment variable: postgres://, mysql://,
+// sqlite:path or a PostgreSQL key=value string. Passwords are never printed. The exit code is 0 on success,
 // 1 when the command failed and 2 for a usage error.
 package main
 
@@ -25,15 +25,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"os/signal"
 	"strconv"
-	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
+	"github.com/millpond/millpond/dsn"
 	"github.com/millpond/millpond/outbox"
 )
 
@@ -64,8 +63,10 @@ Commands:
 
 The database is -db URL or $` + EnvDatabaseURL + `:
   postgres://user:pass@host:5432/db?sslmode=disable
+  host=127.0.0.1 user=app password=… dbname=app   (PostgreSQL key=value)
   mysql://user:pass@host:3306/db
   sqlite:path/to/file.db
+Passwords are never printed.
 
 Run "millpond <command> -h" for a command's flags.
 `
@@ -212,13 +213,13 @@ func addDBFlag(fs *flag.FlagSet) *string {
 
 // target is the database a command works on.
 type target struct {
-	raw   string // as given; may hold a password, never printed
-	shown string // redacted, for messages
+	addr  dsn.Address // Raw holds the password; never printed
+	shown string      // redacted, for messages
 }
 
-// fail wraps a store error for display, scrubbing the URL's password.
+// fail wraps a store error for display, scrubbing the address's password.
 func (t target) fail(what string, err error) error {
-	return fmt.Errorf("%s %s: %s", what, t.shown, scrub(err.Error(), t.raw))
+	return fmt.Errorf("%s %s: %s", what, t.shown, t.addr.Scrub(err.Error()))
 }
 
 // open connects to the database named by -db or the environment. It never
@@ -234,63 +235,19 @@ func open(e *env, local string) (*outbox.Store, target, error) {
 	if raw == "" {
 		return nil, target{}, usagef("no database: give -db URL or set %s", EnvDatabaseURL)
 	}
-	t := target{raw: raw, shown: redact(raw)}
+	addr, err := dsn.Parse(raw)
+	if err != nil {
+		return nil, target{}, usagef("-db: %v", err)
+	}
+	t := target{addr: addr, shown: addr.String()}
 	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
 	defer cancel()
 	s, err := outbox.Open(ctx, raw, outbox.WithoutListen())
 	if err != nil {
-		return nil, t, t.fail("open", err)
+		// Open's error names the redacted address already.
+		return nil, t, errors.New(addr.Scrub(err.Error()))
 	}
 	return s, t, nil
-}
-
-// redact hides the password of a database URL (and any password query
-// parameter) for display.
-func redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		// Never echo what could not be parsed: it may hold a password.
-		scheme, _, _ := strings.Cut(raw, ":")
-		return scheme + ":[unparseable URL]"
-	}
-	q := u.Query()
-	changed := false
-	for k := range q {
-		if strings.Contains(strings.ToLower(k), "password") {
-			q.Set(k, "xxxxx")
-			changed = true
-		}
-	}
-	if changed {
-		u.RawQuery = q.Encode()
-	}
-	return u.Redacted()
-}
-
-// scrub removes a URL's password from text a driver produced, in case the
-// driver echoed its connection string.
-func scrub(text, raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return strings.ReplaceAll(text, raw, "[database URL]")
-	}
-	var secrets []string
-	if pass, ok := u.User.Password(); ok && pass != "" {
-		secrets = append(secrets, pass, url.QueryEscape(pass), url.PathEscape(pass))
-	}
-	for k, vs := range u.Query() {
-		if strings.Contains(strings.ToLower(k), "password") {
-			for _, v := range vs {
-				if v != "" {
-					secrets = append(secrets, v, url.QueryEscape(v))
-				}
-			}
-		}
-	}
-	for _, s := range secrets {
-		text = strings.ReplaceAll(text, s, "xxxxx")
-	}
-	return text
 }
 
 func cmdMigrate(e *env, args []string) error {

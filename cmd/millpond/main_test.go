@@ -4,11 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"regexp"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/millpond/millpond/dsn"
 	"github.com/millpond/millpond/internal/testdb"
 	"github.com/millpond/millpond/outbox"
 )
@@ -26,8 +27,8 @@ func redactArgs(args []string) []string {
 	out := make([]string, len(args))
 	for i, a := range args {
 		out[i] = a
-		if strings.Contains(a, "://") {
-			out[i] = redact(a)
+		if i > 0 && strings.TrimLeft(args[i-1], "-") == "db" || strings.ContainsAny(a, ":=@") {
+			out[i] = dsn.Redact(a)
 		}
 	}
 	return out
@@ -221,23 +222,63 @@ func TestUsageErrors(t *testing.T) {
 
 func TestPasswordsNeverPrinted(t *testing.T) {
 	const secret = "hunter2-S3cret"
-	urls := []string{
-		"postgres://admin:" + secret + "@127.0.0.1:1/db?sslmode=disable&connect_timeout=2",
-		"postgres://admin@127.0.0.1:1/db?sslmode=disable&connect_timeout=2&password=" + secret,
-		"mysql://admin:" + secret + "@127.0.0.1:1/db",
-		"postgres://admin:" + secret + "@127.0.0.1:1/db?sslmode=bogus", // a parse error
+	cases := []struct {
+		addr string
+		code int
+		// shown is what the error or output names instead of the address.
+		shown string
+	}{
+		{"postgres://admin:" + secret + "@127.0.0.1:1/db?sslmode=disable&connect_timeout=2", exitFailure, "postgres://admin:xxxxx@"},
+		{"postgres://admin@127.0.0.1:1/db?sslmode=disable&connect_timeout=2&password=" + secret, exitFailure, "password=xxxxx"},
+		{"mysql://admin:" + secret + "@127.0.0.1:1/db", exitFailure, "mysql://admin:xxxxx@"},
+		{"postgres://admin:" + secret + "@127.0.0.1:1/db?sslmode=bogus", exitFailure, "postgres://admin:xxxxx@"}, // a parse error
+		{"host=127.0.0.1 port=1 user=admin password=" + secret + " dbname=test connect_timeout=2", exitFailure, "password=xxxxx"},
+		{"host=127.0.0.1 port=1 user=admin password='" + secret + " x' dbname=test", exitFailure, "password=xxxxx"},
+		{"admin:" + secret + "@tcp(127.0.0.1:1)/db", exitUsage, "mysql://user:pass@host:3306/db"},
+		{"postgress://admin:" + secret + "@127.0.0.1/db", exitUsage, `unknown scheme "postgress"`},
+		{secret, exitUsage, "postgres://"},
 	}
-	for _, u := range urls {
-		for _, args := range [][]string{{"-db", u, "stats"}, {"stats", "-db", u}, {"migrate", "-db", u}} {
+	for _, c := range cases {
+		for _, args := range [][]string{{"-db", c.addr, "stats"}, {"stats", "-db", c.addr}, {"migrate", "-db", c.addr}} {
 			code, stdout, stderr := cli(t, nil, args...)
-			if code != exitFailure {
-				t.Errorf("%s: code %d, want %d", redact(u), code, exitFailure)
+			if code != c.code {
+				t.Errorf("%s: code %d, want %d", dsn.Redact(c.addr), code, c.code)
 			}
 			if strings.Contains(stdout+stderr, secret) {
-				t.Errorf("%s: output shows the password:\n%s%s", redact(u), stdout, stderr)
+				t.Errorf("%s: output shows the password:\n%s%s", dsn.Redact(c.addr), stdout, stderr)
 			}
-			if !regexp.MustCompile(`(postgres|mysql)://admin`).MatchString(stderr) {
-				t.Errorf("%s: error does not name the (redacted) database: %q", redact(u), stderr)
+			if !strings.Contains(stderr, c.shown) {
+				t.Errorf("%s: error does not say %q: %q", dsn.Redact(c.addr), c.shown, stderr)
+			}
+		}
+		if code, stdout, stderr := cli(t, map[string]string{EnvDatabaseURL: c.addr}, "stats"); code != c.code || strings.Contains(stdout+stderr, secret) {
+			t.Errorf("%s from the environment: code %d, output %q%q", dsn.Redact(c.addr), code, stdout, stderr)
+		}
+	}
+}
+
+// A password in a working address (PostgreSQL's trust authentication
+// ignores it) stays out of the output of commands that succeed too.
+func TestPasswordNeverPrintedOnSuccess(t *testing.T) {
+	const secret = "Tr0ub4dor-unique-9f3"
+	db := testdb.New(t, "postgres")
+	u, err := url.Parse(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := fmt.Sprintf("host=%s port=%s user=%s password=%s dbname=%s search_path=%s sslmode=disable",
+		u.Hostname(), u.Port(), u.User.Username(), secret, strings.TrimPrefix(u.Path, "/"), u.Query().Get("search_path"))
+	q := u.Query()
+	q.Set("password", secret)
+	u.RawQuery = q.Encode()
+	for _, addr := range []string{kv, u.String()} {
+		for _, args := range [][]string{{"migrate"}, {"stats"}, {"dead", "list", "-stream", "orders"}} {
+			code, stdout, stderr := cli(t, nil, append(args, "-db", addr)...)
+			if code != exitOK {
+				t.Fatalf("%q on %s: code %d: %s", args, dsn.Redact(addr), code, stderr)
+			}
+			if strings.Contains(stdout+stderr, secret) {
+				t.Errorf("%q: output shows the password:\n%s%s", args, stdout, stderr)
 			}
 		}
 	}

@@ -18,9 +18,10 @@
 // Flags (each also read from an environment variable; a flag wins):
 //
 //	-addr  ORDERS_ADDR           listen address (default ":8080")
-//	-db    ORDERS_DATABASE_URL   database: a SQLite file path or sqlite:path,
-//	                             or a postgres:// or mysql:// URL
-//	                             (default "orders.db")
+//	-db    ORDERS_DATABASE_URL   database: sqlite:path, a postgres:// or
+//	                             mysql:// URL, or a PostgreSQL key=value
+//	                             string (default "sqlite:orders.db"; an
+//	                             address of any other form is an error)
 //	-lease ORDERS_LEASE          outbox lease of each handler's claims
 //	                             (default 30s, 1s-1h); a short lease makes a
 //	                             crashed process's events come back sooner
@@ -30,9 +31,9 @@
 //	go run ./examples/orders -db 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
 //	go run ./examples/orders -db 'mysql://root@127.0.0.1:3306/test'
 //
-// On PostgreSQL the pgx pool defaults to max(4, CPUs) connections, shared by
-// the HTTP handlers and every event handler; add pool_max_conns=N to the URL
-// for more.
+// On PostgreSQL the pool defaults to 20 connections, shared by the HTTP
+// handlers and every event handler; add pool_max_conns=N to the URL for
+// more. Passwords in the address are never logged or printed.
 //
 // ORDERS_HANDLER_DELAY (a duration such as 20ms; not a flag, and not for
 // production) makes every handler sleep that long before its work. The

@@ -7,13 +7,13 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"strings"
 	"time"
 
 	"go.uber.org/fx"
 	"go.uber.org/zap"
 
 	"github.com/millpond/millpond/bus"
+	"github.com/millpond/millpond/dsn"
 	"github.com/millpond/millpond/fxmodule"
 	"github.com/millpond/millpond/outbox"
 )
@@ -32,10 +32,14 @@ type config struct {
 
 // Environment variables read as flag defaults.
 const (
-	envAddr         = "ORDERS_ADDR"
-	envDatabaseURL  = "ORDERS_DATABASE_URL"
-	envLease        = "ORDERS_LEASE"
-	envHandlerDelay = "ORDERS_HANDLER_DELAY"
+	envAddr        = "ORDERS_ADDR"
+	envDatabaseURL = "ORDERS_DATABASE_URL"
+
+	// defaultDatabaseURL is the zero-set-up database when neither -db nor
+	// the environment names one.
+	defaultDatabaseURL = "sqlite:orders.db"
+	envLease           = "ORDERS_LEASE"
+	envHandlerDelay    = "ORDERS_HANDLER_DELAY"
 )
 
 // parseConfig reads flags over environment variables over defaults.
@@ -70,8 +74,8 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs := flag.NewFlagSet("orders", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.Addr, "addr", or(envAddr, ":8080"), "HTTP listen address (env "+envAddr+")")
-	fs.StringVar(&cfg.DatabaseURL, "db", or(envDatabaseURL, "orders.db"),
-		"SQLite file path or sqlite:path, or a postgres:// or mysql:// URL (env "+envDatabaseURL+")")
+	fs.StringVar(&cfg.DatabaseURL, "db", or(envDatabaseURL, defaultDatabaseURL),
+		"database: sqlite:path, a postgres:// or mysql:// URL, or a PostgreSQL key=value string (env "+envDatabaseURL+")")
 	fs.DurationVar(&cfg.Lease, "lease", lease, "outbox lease of each handler's claims, 1s-1h (env "+envLease+")")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
@@ -86,20 +90,12 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	if cfg.HandlerDelay < 0 {
 		return config{}, fmt.Errorf("%s %s is negative", envHandlerDelay, cfg.HandlerDelay)
 	}
-	cfg.DatabaseURL = databaseURL(cfg.DatabaseURL)
-	return cfg, nil
-}
-
-// databaseURL turns a bare file path into a sqlite: URL and leaves URLs as
-// they are.
-func databaseURL(v string) string {
-	lower := strings.ToLower(v)
-	for _, prefix := range []string{"postgres://", "postgresql://", "mysql://", "mariadb://", "sqlite:", "file:"} {
-		if strings.HasPrefix(lower, prefix) {
-			return v
-		}
+	// Only a missing -db falls back to SQLite; anything given must be a
+	// database address of a known form (never a file named after it).
+	if _, err := dsn.Parse(cfg.DatabaseURL); err != nil {
+		return config{}, fmt.Errorf("-db: %w", err)
 	}
-	return "sqlite:" + v
+	return cfg, nil
 }
 
 // newLogger returns the application's zap logger.

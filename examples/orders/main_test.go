@@ -1,11 +1,14 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"io"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/millpond/millpond/dsn"
 )
 
 func TestParseConfig(t *testing.T) {
@@ -29,7 +32,7 @@ func TestParseConfig(t *testing.T) {
 		t.Errorf("from the environment: %+v", cfg)
 	}
 
-	cfg, err = parseConfig([]string{"-addr", "127.0.0.1:1", "-db", "/data/x.db", "-lease", "2s"}, getenv, io.Discard)
+	cfg, err = parseConfig([]string{"-addr", "127.0.0.1:1", "-db", "sqlite:/data/x.db", "-lease", "2s"}, getenv, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,17 +54,23 @@ func TestParseConfig(t *testing.T) {
 	}
 }
 
-func TestDatabaseURL(t *testing.T) {
-	for in, want := range map[string]string{
-		"orders.db":                 "sqlite:orders.db",
-		"/var/lib/o.db":             "sqlite:/var/lib/o.db",
-		"sqlite:o.db":               "sqlite:o.db",
-		"postgres://u@h:5432/d":     "postgres://u@h:5432/d",
-		"PostgreSQL://u@h/d":        "PostgreSQL://u@h/d",
-		"mysql://root@127.0.0.1/db": "mysql://root@127.0.0.1/db",
-	} {
-		if got := databaseURL(in); got != want {
-			t.Errorf("databaseURL(%q) = %q, want %q", in, got, want)
+func TestDatabaseURLIsStrict(t *testing.T) {
+	getenv := func(string) string { return "" }
+	for _, good := range []string{"sqlite:o.db", "sqlite:///var/lib/o.db", "postgres://u@h:5432/d", "PostgreSQL://u@h/d",
+		"mysql://root@127.0.0.1/db", "host=h user=u dbname=d"} {
+		cfg, err := parseConfig([]string{"-db", good}, getenv, io.Discard)
+		if err != nil || cfg.DatabaseURL != good {
+			t.Errorf("-db %q: %v, %q", good, err, cfg.DatabaseURL)
+		}
+	}
+	const secret = "pw-Unique-77"
+	for _, bad := range []string{"orders.db", "/var/lib/o.db", "nonsense://", "postgress://u:" + secret + "@h/d",
+		"u:" + secret + "@tcp(h:3306)/d", ""} {
+		_, err := parseConfig([]string{"-db", bad}, getenv, io.Discard)
+		if !errors.Is(err, dsn.ErrUnsupported) {
+			t.Errorf("-db %q: got %v, want dsn.ErrUnsupported", dsn.Redact(bad), err)
+		} else if strings.Contains(err.Error(), secret) {
+			t.Errorf("-db %q: the error shows the password: %v", dsn.Redact(bad), err)
 		}
 	}
 }
