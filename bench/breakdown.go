@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/millpond/millpond/outbox/postgres"
+
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -59,7 +61,7 @@ const breakdownRounds = 7
 // runBreakdown measures every breakdown step against the raw INSERT and
 // prints (and optionally writes) a markdown table.
 func runBreakdown(ctx context.Context, pool *pgxpool.Pool, cfg config, env string) error {
-	store, err := outbox.NewPostgres(pool)
+	store, err := postgres.New(pool)
 	if err != nil {
 		return err
 	}

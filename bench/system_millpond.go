@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/millpond/millpond/outbox/postgres"
+
 	"context"
 	"fmt"
 	"sync"
@@ -45,7 +47,7 @@ type millpondSystem struct {
 
 func (s *millpondSystem) Setup(ctx context.Context, pool *pgxpool.Pool) error {
 	s.pool = pool
-	store, err := outbox.NewPostgres(pool)
+	store, err := postgres.New(pool)
 	if err != nil {
 		return err
 	}

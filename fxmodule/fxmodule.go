@@ -20,6 +20,8 @@
 package fxmodule
 
 import (
+	"github.com/millpond/millpond/outbox/anydb"
+
 	"context"
 	"errors"
 	"fmt"
@@ -44,7 +46,7 @@ const HandlerGroup = "millpond.handlers"
 
 // Config configures the module.
 type Config struct {
-	// DatabaseURL is given to outbox.Open: postgres://, mysql://,
+	// DatabaseURL is given to anydb.Open: postgres://, mysql://,
 	// sqlite:path or a PostgreSQL key=value string (see package dsn). It is
 	// required: an empty URL is refused rather than quietly keeping events
 	// in a local file. The store logs its dialect and the address with the
@@ -118,7 +120,7 @@ func newStore(p storeParams) (*outbox.Store, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	log := p.Logger.Named("millpond")
-	store, err := outbox.Open(ctx, url, outbox.WithLogger(SlogLogger(log)))
+	store, err := anydb.Open(ctx, url, outbox.WithLogger(SlogLogger(log)))
 	if err != nil {
 		return nil, fmt.Errorf("fxmodule: %w", err)
 	}

@@ -35,8 +35,13 @@ func (t transaction) Rollback() error { return t.tx.Rollback() }
 
 type database struct {
 	executor
-	beginner wsql.Beginner
+	beginner  wsql.Beginner
+	transient func(error) bool
 }
+
+// Transient tells the core which errors abort a transaction that may be
+// run again, as the driver package knows them.
+func (d database) Transient(err error) bool { return d.transient != nil && d.transient(err) }
 
 func (d database) BeginTx(ctx context.Context, opts *sql.TxOptions) (sqlcore.Tx, error) {
 	tx, err := d.beginner.BeginTx(ctx, opts)
@@ -46,7 +51,9 @@ func (d database) BeginTx(ctx context.Context, opts *sql.TxOptions) (sqlcore.Tx,
 	return transaction{executor{tx}, tx}, nil
 }
 
-func newDatabase(b wsql.Beginner) database { return database{executor{b}, b} }
+func newDatabase(b wsql.Beginner, transient func(error) bool) database {
+	return database{executor{b}, b, transient}
+}
 
 // txExecutor turns the caller's open transaction into an executor, and
 // refuses pools and connections: the outbox never opens a transaction of its

@@ -12,7 +12,10 @@
 //
 // Dialects: PostgreSQL through pgx/v5 (with LISTEN/NOTIFY wake-ups), MySQL 8
 // and MariaDB 10.6+ through go-sql-driver/mysql, and SQLite through
-// modernc.org/sqlite, the embedded default.
+// modernc.org/sqlite, the embedded default. Each has its own package that
+// opens a Store: outbox/postgres, outbox/mysql and outbox/sqlite; a program
+// links only the drivers it imports. outbox/anydb opens any address and
+// links all three.
 //
 // Consumer groups: each delivery row belongs to one consumer group. A group
 // is registered durably (RegisterGroup, or by a Subscriber when it

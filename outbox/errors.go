@@ -72,3 +72,8 @@ const (
 	// MaxPurgeBatch is the most rows one Purge removes.
 	MaxPurgeBatch = sqlcore.MaxPurgeBatch
 )
+
+// ErrOpen is wrapped by the driver packages' Open errors when the database
+// could not be reached or its driver refused the address; the error's text
+// names the address with its password hidden.
+var ErrOpen = errors.New("could not open the database")

@@ -17,8 +17,9 @@ import (
 )
 
 // Store is the durable outbox over one database. It is safe for concurrent
-// use. Create it with NewPostgres, NewMySQL, NewSQLite or Open; install the
-// schema with Migrate (never implicit).
+// use. Create it with a driver package (outbox/postgres, outbox/mysql,
+// outbox/sqlite) or outbox/anydb; install the schema with Migrate (never
+// implicit).
 type Store struct {
 	core   *sqlcore.Core
 	db     sqlcore.DB
@@ -92,27 +93,64 @@ func newStore(d sqlcore.Dialect, db sqlcore.DB, o storeOptions) (*Store, error) 
 	return &Store{core: core, db: db, logger: o.logger, wake: newWakeHub(), gate: newNotifyGate(o.notifyEvery)}, nil
 }
 
-// NewPostgres returns a Store over a pgx pool. The pool stays the caller's
-// to close. Subscribers are woken by LISTEN/NOTIFY on a dedicated
-// connection made from the pool's config, unless WithoutListen is given.
-func NewPostgres(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
-	if pool == nil {
-		return nil, errors.New("outbox: nil pgx pool")
+// Backend is one database connection as a driver package hands it to
+// NewStore. Applications do not build it: they call postgres.New or
+// postgres.Open (package outbox/postgres), mysql.New or mysql.Open
+// (outbox/mysql), sqlite.New or sqlite.Open (outbox/sqlite), or
+// anydb.Open (outbox/anydb) for any address. Keeping each database driver in
+// its own package means a program links only the drivers it imports.
+type Backend struct {
+	// Dialect is "postgres", "mysql" or "sqlite".
+	Dialect string
+	// Pool is the pgx pool of a PostgreSQL backend (nil otherwise). Its
+	// config also makes the connection that LISTENs for wake-ups.
+	Pool *pgxpool.Pool
+	// DB is the database/sql handle of a MySQL or SQLite backend (nil for
+	// PostgreSQL).
+	DB *sql.DB
+	// Transient reports whether an error aborted a whole transaction that
+	// may simply be run again (a MySQL deadlock or lock wait timeout,
+	// SQLite's busy database). PostgreSQL's deadlock and serialization
+	// failures are recognised without it. May be nil.
+	Transient func(error) bool
+	// Close closes what the driver package opened for the store (Open's
+	// pool or database), run by Store.Close; nil when the caller owns the
+	// connection.
+	Close func() error
+}
+
+// NewStore returns a Store over a driver package's backend. Use the driver
+// packages' New and Open instead of calling it directly.
+func NewStore(b Backend, opts ...Option) (*Store, error) {
+	d := sqlcore.Dialect(b.Dialect)
+	if !d.Valid() {
+		return nil, fmt.Errorf("outbox: unknown dialect %q (want postgres, mysql or sqlite)", b.Dialect)
 	}
 	o := buildOptions(opts)
-	s, err := newStore(sqlcore.Postgres, newDatabase(wsql.BeginnerFromPgx(pool)), o)
+	var beginner wsql.Beginner
+	switch {
+	case d == sqlcore.Postgres && b.Pool == nil:
+		return nil, errors.New("outbox: nil pgx pool")
+	case d == sqlcore.Postgres:
+		beginner = wsql.BeginnerFromPgx(b.Pool)
+	case b.DB == nil:
+		return nil, errors.New("outbox: nil database")
+	default:
+		beginner = wsql.BeginnerFromStdSQL(b.DB)
+	}
+	s, err := newStore(d, newDatabase(beginner, b.Transient), o)
 	if err != nil {
 		return nil, err
 	}
-	s.pool = pool
-	if o.listen {
+	s.pool, s.sqlDB, s.closer = b.Pool, b.DB, b.Close
+	if d == sqlcore.Postgres && o.listen {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.stop = cancel
 		s.wake.listening = true
 		s.listener.Add(1)
 		go func() {
 			defer s.listener.Done()
-			sqlcore.ListenPostgres(ctx, pool.Config().ConnConfig, s.wake.notify, func(err error) {
+			sqlcore.ListenPostgres(ctx, b.Pool.Config().ConnConfig, s.wake.notify, func(err error) {
 				s.logger.Warn("outbox: notification listener reconnecting", "error", err)
 			})
 		}()
@@ -120,39 +158,9 @@ func NewPostgres(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	return s, nil
 }
 
-// NewMySQL returns a Store over a MySQL 8 or MariaDB 10.6+ database. The
-// database stays the caller's to close. Open it with interpolateParams=true
-// for one round trip per statement.
-func NewMySQL(db *sql.DB, opts ...Option) (*Store, error) {
-	if db == nil {
-		return nil, errors.New("outbox: nil database")
-	}
-	s, err := newStore(sqlcore.MySQL, newDatabase(wsql.BeginnerFromStdSQL(db)), buildOptions(opts))
-	if err != nil {
-		return nil, err
-	}
-	s.sqlDB = db
-	return s, nil
-}
-
-// NewSQLite returns a Store over a modernc.org/sqlite database. The database
-// stays the caller's to close. Open it with SQLiteDSN for WAL, a busy timeout
-// and immediate transactions.
-func NewSQLite(db *sql.DB, opts ...Option) (*Store, error) {
-	if db == nil {
-		return nil, errors.New("outbox: nil database")
-	}
-	s, err := newStore(sqlcore.SQLite, newDatabase(wsql.BeginnerFromStdSQL(db)), buildOptions(opts))
-	if err != nil {
-		return nil, err
-	}
-	s.sqlDB = db
-	return s, nil
-}
-
 // SQLDB returns a database/sql handle on the store's own connections, for
 // the application's domain writes in the same transaction as its events:
-// the *sql.DB given to NewMySQL or NewSQLite, or on PostgreSQL a handle over
+// the *sql.DB of a MySQL or SQLite store, or on PostgreSQL a handle over
 // the pgx pool (pgx's stdlib.OpenDBFromPool).
 func (s *Store) SQLDB() *sql.DB {
 	s.mu.Lock()
@@ -170,8 +178,8 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 func (s *Store) Dialect() string { return string(s.core.Dialect()) }
 
 // Close stops the store's background work and closes a database that Open
-// opened. It does not close pools handed to NewPostgres, NewMySQL or
-// NewSQLite.
+// opened. It does not close a pool or database the caller handed to a
+// driver package's New.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -1,6 +1,8 @@
 package tests
 
 import (
+	"github.com/millpond/millpond/outbox/anydb"
+
 	"context"
 	"errors"
 	"os"
@@ -37,7 +39,7 @@ func TestOpenErrorsNeverShowThePassword(t *testing.T) {
 		{"mysql://u:" + secret + "@127.0.0.1:3306/db?timeout=bogus", outbox.ErrOpen},
 		{"sqlite:" + t.TempDir() + "/missing-dir/x.db?mode=ro", outbox.ErrOpen},
 	} {
-		s, err := outbox.Open(ctx, c.addr)
+		s, err := anydb.Open(ctx, c.addr)
 		if err == nil {
 			s.Close()
 			t.Errorf("%s: opened", dsn.Redact(c.addr))

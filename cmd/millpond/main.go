@@ -20,6 +20,8 @@
 package main
 
 import (
+	"github.com/millpond/millpond/outbox/anydb"
+
 	"context"
 	"errors"
 	"flag"
@@ -242,7 +244,7 @@ func open(e *env, local string) (*outbox.Store, target, error) {
 	t := target{addr: addr, shown: addr.String()}
 	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
 	defer cancel()
-	s, err := outbox.Open(ctx, raw, outbox.WithoutListen())
+	s, err := anydb.Open(ctx, raw, outbox.WithoutListen())
 	if err != nil {
 		// Open's error names the redacted address already.
 		return nil, t, errors.New(addr.Scrub(err.Error()))

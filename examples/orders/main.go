@@ -22,7 +22,7 @@ import (
 type config struct {
 	// Addr is the HTTP listen address.
 	Addr string
-	// DatabaseURL is given to outbox.Open.
+	// DatabaseURL is given to anydb.Open.
 	DatabaseURL string
 	// Lease is the outbox lease of every handler's claims.
 	Lease time.Duration

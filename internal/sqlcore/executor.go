@@ -3,12 +3,8 @@ package sqlcore
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"math/rand/v2"
 	"time"
-
-	"github.com/go-sql-driver/mysql"
-	"modernc.org/sqlite"
 )
 
 // Result is what an executed statement reports.
@@ -84,7 +80,7 @@ func inTx(ctx context.Context, db DB, opts *sql.TxOptions, fn func(Tx) error) er
 func inTxRetry(ctx context.Context, db DB, opts *sql.TxOptions, fn func(Tx) error) error {
 	var err error
 	for attempt := range 4 {
-		if err = inTx(ctx, db, opts, fn); err == nil || !deadlocked(err) {
+		if err = inTx(ctx, db, opts, fn); err == nil || !deadlocked(db, err) {
 			return err
 		}
 		select {
@@ -96,14 +92,11 @@ func inTxRetry(ctx context.Context, db DB, opts *sql.TxOptions, fn func(Tx) erro
 	return err
 }
 
-// deadlocked reports whether err is MySQL's "deadlock found" or "lock wait
-// timeout", or SQLite's "database is locked" after its busy timeout, after
-// which the whole transaction may simply be run again.
-func deadlocked(err error) bool {
-	var me *mysql.MySQLError
-	if errors.As(err, &me) {
-		return me.Number == 1213 || me.Number == 1205
-	}
-	var se *sqlite.Error
-	return errors.As(err, &se) && se.Code()&0xff == 5 // SQLITE_BUSY and its extended codes
+// deadlocked reports whether err aborted a transaction that may simply be
+// run again, as the database's driver tells (MySQL's "deadlock found" or
+// "lock wait timeout", SQLite's "database is locked" after its busy
+// timeout): a DB that knows its driver's errors has a Transient method.
+func deadlocked(db DB, err error) bool {
+	t, ok := db.(interface{ Transient(error) bool })
+	return ok && t.Transient(err)
 }

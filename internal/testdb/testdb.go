@@ -10,6 +10,10 @@
 package testdb
 
 import (
+	mysqlstore "github.com/millpond/millpond/outbox/mysql"
+	"github.com/millpond/millpond/outbox/postgres"
+	"github.com/millpond/millpond/outbox/sqlite"
+
 	"context"
 	"database/sql"
 	"fmt"
@@ -68,7 +72,7 @@ type Database struct {
 	// Name is the schema, database or file name; on PostgreSQL it is also
 	// the connections' application_name.
 	Name string
-	// URL opens the isolated database with outbox.Open.
+	// URL opens the isolated database with anydb.Open.
 	URL string
 	// SQL is a database/sql handle for MySQL and SQLite (nil for PostgreSQL).
 	SQL *sql.DB
@@ -136,7 +140,7 @@ func New(t testing.TB, dialect string) *Database {
 		return &Database{Dialect: dialect, Name: name, URL: u.String(), SQL: db}
 	case "sqlite":
 		path := filepath.Join(t.TempDir(), name+".db")
-		db, err := sql.Open("sqlite", outbox.SQLiteDSN(path))
+		db, err := sql.Open("sqlite", sqlite.DSN(path))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -167,11 +171,11 @@ func (d *Database) Store(t testing.TB, opts ...outbox.Option) *outbox.Store {
 	var err error
 	switch d.Dialect {
 	case "postgres":
-		s, err = outbox.NewPostgres(d.Pool, opts...)
+		s, err = postgres.New(d.Pool, opts...)
 	case "mysql":
-		s, err = outbox.NewMySQL(d.SQL, opts...)
+		s, err = mysqlstore.New(d.SQL, opts...)
 	default:
-		s, err = outbox.NewSQLite(d.SQL, opts...)
+		s, err = sqlite.New(d.SQL, opts...)
 	}
 	if err != nil {
 		t.Fatal(err)

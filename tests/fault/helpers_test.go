@@ -10,6 +10,9 @@
 package fault
 
 import (
+	"github.com/millpond/millpond/outbox/anydb"
+	"github.com/millpond/millpond/outbox/sqlite"
+
 	"bufio"
 	"context"
 	"database/sql"
@@ -32,7 +35,7 @@ import (
 // Environment of a child worker process.
 const (
 	envRole   = "MILLPOND_FAULT_ROLE"   // "kill-worker" or "race-worker"; unset in the parent
-	envURL    = "MILLPOND_FAULT_URL"    // database URL for outbox.Open
+	envURL    = "MILLPOND_FAULT_URL"    // database URL for anydb.Open
 	envStream = "MILLPOND_FAULT_STREAM" // stream to consume
 	envName   = "MILLPOND_FAULT_NAME"   // worker name, used in claimed_by and handled rows
 )
@@ -190,7 +193,7 @@ func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
 // openStore opens a store from a child's environment.
 func openStore(ctx context.Context) (*outbox.Store, error) {
-	s, err := outbox.Open(ctx, os.Getenv(envURL), outbox.WithoutListen())
+	s, err := anydb.Open(ctx, os.Getenv(envURL), outbox.WithoutListen())
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
@@ -205,7 +208,7 @@ func openSQL(rawURL string) (*sql.DB, string, error) {
 		db, err := sql.Open("pgx", rawURL)
 		return db, "postgres", err
 	case strings.HasPrefix(rawURL, "sqlite:"):
-		db, err := sql.Open("sqlite", outbox.SQLiteDSN(strings.TrimPrefix(rawURL, "sqlite:")))
+		db, err := sql.Open("sqlite", sqlite.DSN(strings.TrimPrefix(rawURL, "sqlite:")))
 		return db, "sqlite", err
 	}
 	return nil, "", fmt.Errorf("openSQL: unsupported URL scheme in %q", strings.SplitN(rawURL, ":", 2)[0])

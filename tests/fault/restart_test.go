@@ -1,6 +1,8 @@
 package fault
 
 import (
+	"github.com/millpond/millpond/outbox/anydb"
+
 	"context"
 	"fmt"
 	"log/slog"
@@ -37,7 +39,7 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 	)
 	logs := newLogCounter()
 	logger := slog.New(logs)
-	prodStore, err := outbox.Open(ctx, cluster.URL(), outbox.WithLogger(logger))
+	prodStore, err := anydb.Open(ctx, cluster.URL(), outbox.WithLogger(logger))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +47,7 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 	if err := prodStore.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	consStore, err := outbox.Open(ctx, cluster.URL(), outbox.WithLogger(logger))
+	consStore, err := anydb.Open(ctx, cluster.URL(), outbox.WithLogger(logger))
 	if err != nil {
 		t.Fatal(err)
 	}
