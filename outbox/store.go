@@ -210,12 +210,16 @@ func (s *Store) MigrateDown(ctx context.Context) error {
 }
 
 // Migrations returns the plain SQL migrations of a dialect ("postgres",
-// "mysql", "sqlite"), for teams whose release tooling owns the DDL. The same
-// files are embedded as golang-migrate and goose folders under
-// internal/sqlcore/migrations.
+// "mysql", "sqlite"), in order, for teams whose release tooling owns the
+// DDL; an unknown dialect returns ErrUnknownDialect. MigrationsFS and
+// GooseMigrationsFS give the same steps as files that golang-migrate and
+// goose read directly.
 func Migrations(dialect string) ([]Migration, error) {
 	ms, err := sqlcore.LoadMigrations(sqlcore.Dialect(dialect))
-	return convert(ms, migrationFromCore), err
+	if err != nil {
+		return nil, fmt.Errorf("outbox: migrations: %w", err)
+	}
+	return convert(ms, migrationFromCore), nil
 }
 
 // Enqueue records ev inside the caller's open transaction tx, which must be
