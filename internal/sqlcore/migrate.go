@@ -15,6 +15,8 @@ import (
 // Migrations holds the schema as plain SQL files, one folder per dialect,
 // named the way golang-migrate expects (NNNN_name.up.sql / .down.sql); the
 // goose folder holds the same statements in goose's annotated form.
+// MigrationsFS and GooseMigrationsFS (and the outbox functions of the same
+// names) give one dialect's folder as the root of a file system.
 //
 //go:embed migrations
 var Migrations embed.FS
