@@ -201,7 +201,9 @@ func (s *Store) Close() error {
 }
 
 // Migrate installs or upgrades the outbox schema. It is idempotent and safe
-// to run from several processes at once.
+// to run from several processes at once. It records the applied steps in
+// its own table; migrate a database with it or with an external tool (see
+// MigrationsFS), not both.
 func (s *Store) Migrate(ctx context.Context) error {
 	if err := s.core.Migrate(ctx); err != nil {
 		return fmt.Errorf("outbox: migrate: %w", err)
@@ -218,11 +220,16 @@ func (s *Store) MigrateDown(ctx context.Context) error {
 }
 
 // Migrations returns the plain SQL migrations of a dialect ("postgres",
-// "mysql", "sqlite"), for teams whose release tooling owns the DDL. The same
-// files are embedded as golang-migrate and goose folders under
-// internal/sqlcore/migrations.
+// "mysql", "sqlite"), in order, for teams whose release tooling owns the
+// DDL; an unknown dialect returns ErrUnknownDialect. MigrationsFS and
+// GooseMigrationsFS give the same steps as files that golang-migrate and
+// goose read directly.
 func Migrations(dialect string) ([]Migration, error) {
-	return sqlcore.LoadMigrations(sqlcore.Dialect(dialect))
+	ms, err := sqlcore.LoadMigrations(sqlcore.Dialect(dialect))
+	if err != nil {
+		return nil, fmt.Errorf("outbox: migrations: %w", err)
+	}
+	return convert(ms, migrationFromCore), nil
 }
 
 // Enqueue records ev inside the caller's open transaction tx, which must be
@@ -251,7 +258,8 @@ func (s *Store) Enqueue(ctx context.Context, tx any, ev Event) (Enqueued, error)
 // trip; a duplicate enqueue may spend it on a wake-up that finds nothing.
 func (s *Store) enqueue(ctx context.Context, ex sqlcore.Executor, ev Event) (Enqueued, error) {
 	notify := s.gate.due(ev.Stream)
-	res, err := s.core.Enqueue(ctx, ex, ev, notify)
+	out, err := s.core.Enqueue(ctx, ex, sqlcore.Event(ev), notify)
+	res := Enqueued(out)
 	if err != nil && notify {
 		s.gate.forget(ev.Stream) // no NOTIFY was queued: the next enqueue sends it
 	}
@@ -264,11 +272,11 @@ func (s *Store) enqueue(ctx context.Context, ex sqlcore.Executor, ev Event) (Enq
 
 // Claim takes up to req.Limit due events, oldest first, under a lease.
 func (s *Store) Claim(ctx context.Context, req ClaimRequest) ([]Claimed, error) {
-	out, err := s.core.Claim(ctx, req)
+	out, err := s.core.Claim(ctx, sqlcore.ClaimRequest(req))
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claim: %w", err)
 	}
-	return out, nil
+	return convert(out, claimedFromCore), nil
 }
 
 // Acknowledge marks one claimed event delivered. A stale claim returns
@@ -287,11 +295,11 @@ func (s *Store) Acknowledge(ctx context.Context, r Receipt) error {
 // AcknowledgeBatch marks delivered, in one statement, every receipt that
 // still owns its event, and returns the stale ones (left unchanged).
 func (s *Store) AcknowledgeBatch(ctx context.Context, rs []Receipt) ([]Receipt, error) {
-	stale, err := s.core.AcknowledgeBatch(ctx, rs)
+	stale, err := s.core.AcknowledgeBatch(ctx, convert(rs, receiptToCore))
 	if err != nil {
 		return nil, fmt.Errorf("outbox: acknowledge %d events: %w", len(rs), err)
 	}
-	return stale, nil
+	return convert(stale, receiptFromCore), nil
 }
 
 // AcknowledgeInTx marks claimed events delivered inside the caller's open
@@ -304,7 +312,7 @@ func (s *Store) AcknowledgeInTx(ctx context.Context, tx any, rs ...Receipt) erro
 	if err != nil {
 		return err
 	}
-	stale, err := s.core.AcknowledgeInTx(ctx, ex, rs)
+	stale, err := s.core.AcknowledgeInTx(ctx, ex, convert(rs, receiptToCore))
 	if err != nil {
 		return fmt.Errorf("outbox: acknowledge %d events in a transaction: %w", len(rs), err)
 	}
@@ -317,11 +325,11 @@ func (s *Store) AcknowledgeInTx(ctx context.Context, tx any, rs ...Receipt) erro
 // Fail settles a claim as failed: pending again after f.RetryDelay, or
 // dead-lettered at f.MaxAttempts. A stale claim returns ErrStaleClaim.
 func (s *Store) Fail(ctx context.Context, r Receipt, f Failure) (FailOutcome, error) {
-	out, err := s.core.Fail(ctx, r, f)
+	out, err := s.core.Fail(ctx, sqlcore.Receipt(r), sqlcore.Failure(f))
 	if err != nil {
 		return FailOutcome{}, fmt.Errorf("outbox: fail event %d: %w", r.ID, err)
 	}
-	return out, nil
+	return FailOutcome(out), nil
 }
 
 // Extend moves one claim's lease to now+lease and returns the new expiry. A
@@ -340,18 +348,18 @@ func (s *Store) Extend(ctx context.Context, r Receipt, lease time.Duration) (tim
 // ExtendBatch moves the lease of every live claim to now+lease, in one
 // statement, and returns the new expiry and the stale receipts.
 func (s *Store) ExtendBatch(ctx context.Context, rs []Receipt, lease time.Duration) (time.Time, []Receipt, error) {
-	expires, stale, err := s.core.ExtendBatch(ctx, rs, lease)
+	expires, stale, err := s.core.ExtendBatch(ctx, convert(rs, receiptToCore), lease)
 	if err != nil {
 		return time.Time{}, nil, fmt.Errorf("outbox: extend %d events: %w", len(rs), err)
 	}
-	return expires, stale, nil
+	return expires, convert(stale, receiptFromCore), nil
 }
 
 // Release hands claimed but unstarted events back at once, without counting
 // the attempt, and returns how many it released. Stale receipts (wrong key,
 // expired lease) are skipped and change nothing.
 func (s *Store) Release(ctx context.Context, rs ...Receipt) (int, error) {
-	n, err := s.core.Release(ctx, rs)
+	n, err := s.core.Release(ctx, convert(rs, receiptToCore))
 	if err != nil {
 		return 0, fmt.Errorf("outbox: release %d events: %w", len(rs), err)
 	}
@@ -360,11 +368,11 @@ func (s *Store) Release(ctx context.Context, rs ...Receipt) (int, error) {
 
 // ListDead lists dead-lettered events, oldest first.
 func (s *Store) ListDead(ctx context.Context, q DeadQuery) ([]DeadEvent, error) {
-	out, err := s.core.ListDead(ctx, q)
+	out, err := s.core.ListDead(ctx, sqlcore.DeadQuery(q))
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list dead letters: %w", err)
 	}
-	return out, nil
+	return convert(out, deadFromCore), nil
 }
 
 // Requeue makes dead-lettered events of a stream pending again, attempts
@@ -408,7 +416,7 @@ func (s *Store) Stats(ctx context.Context) ([]StreamStats, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outbox: stats: %w", err)
 	}
-	return out, nil
+	return convert(out, statsFromCore), nil
 }
 
 // RegisterGroup durably subscribes a consumer group to a stream, for the

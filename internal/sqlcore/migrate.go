@@ -3,6 +3,7 @@ package sqlcore
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -14,6 +15,8 @@ import (
 // Migrations holds the schema as plain SQL files, one folder per dialect,
 // named the way golang-migrate expects (NNNN_name.up.sql / .down.sql); the
 // goose folder holds the same statements in goose's annotated form.
+// MigrationsFS and GooseMigrationsFS (and the outbox functions of the same
+// names) give one dialect's folder as the root of a file system.
 //
 //go:embed migrations
 var Migrations embed.FS
@@ -30,8 +33,31 @@ type Migration struct {
 	Down string
 }
 
+// ErrUnknownDialect reports a dialect other than Postgres, MySQL and SQLite.
+var ErrUnknownDialect = errors.New("unknown dialect")
+
+// MigrationsFS returns the golang-migrate files of a dialect
+// (NNNN_name.up.sql and NNNN_name.down.sql) at the root of a file system.
+func MigrationsFS(d Dialect) (fs.FS, error) { return subFS(d, path.Join("migrations", string(d))) }
+
+// GooseMigrationsFS returns the goose files of a dialect (NNNNN_name.sql
+// with -- +goose Up and Down sections) at the root of a file system.
+func GooseMigrationsFS(d Dialect) (fs.FS, error) {
+	return subFS(d, path.Join("migrations", "goose", string(d)))
+}
+
+func subFS(d Dialect, dir string) (fs.FS, error) {
+	if !d.Valid() {
+		return nil, fmt.Errorf("%w %q: want %q, %q or %q", ErrUnknownDialect, string(d), Postgres, MySQL, SQLite)
+	}
+	return fs.Sub(Migrations, dir)
+}
+
 // LoadMigrations reads the embedded migrations of a dialect, in order.
 func LoadMigrations(d Dialect) ([]Migration, error) {
+	if !d.Valid() {
+		return nil, fmt.Errorf("%w %q: want %q, %q or %q", ErrUnknownDialect, string(d), Postgres, MySQL, SQLite)
+	}
 	dir := path.Join("migrations", string(d))
 	entries, err := fs.ReadDir(Migrations, dir)
 	if err != nil {
