@@ -123,7 +123,7 @@ func runBreakdown(ctx context.Context, pool *pgxpool.Pool, cfg config, env strin
 func breakdownEnqueue(store *outbox.Store, step breakdownStep) enqueueFunc {
 	if step.query == "" {
 		return func(ctx context.Context, tx pgx.Tx, payload []byte) error {
-			_, err := store.Enqueue(ctx, tx, outbox.Event{Stream: millpondStream, Key: uuid.NewString(), Kind: "bench_event", Payload: payload})
+			_, err := store.Enqueue(ctx, outbox.PgxTx(tx), outbox.Event{Stream: millpondStream, Key: uuid.NewString(), Kind: "bench_event", Payload: payload})
 			return err
 		}
 	}

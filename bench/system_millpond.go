@@ -81,7 +81,7 @@ func (s *millpondSystem) Prefill(ctx context.Context, n int) error {
 }
 
 func (s *millpondSystem) Enqueue(ctx context.Context, tx pgx.Tx, payload []byte) error {
-	_, err := s.store.Enqueue(ctx, tx, outbox.Event{
+	_, err := s.store.Enqueue(ctx, outbox.PgxTx(tx), outbox.Event{
 		Stream: millpondStream, Key: uuid.NewString(), Kind: "bench_event", Payload: payload,
 	})
 	return err

@@ -53,7 +53,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer tx.Rollback() // a no-op once committed
-	if _, err := store.Enqueue(ctx, tx, outbox.Event{Stream: "orders", Key: "order-42-placed", Kind: "OrderPlaced", Payload: []byte(`{"order_id":42}`)}); err != nil {
+	if _, err := store.Enqueue(ctx, outbox.SQLTx(tx), outbox.Event{Stream: "orders", Key: "order-42-placed", Kind: "OrderPlaced", Payload: []byte(`{"order_id":42}`)}); err != nil {
 		log.Fatal(err)
 	}
 	if err := tx.Commit(); err != nil {

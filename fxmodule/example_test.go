@@ -79,7 +79,7 @@ func Example() {
 	defer tx.Rollback() // a no-op once committed
 	msg := message.NewMessage(watermill.NewUUID(), []byte(`{"order_id":42}`))
 	msg.Metadata.Set(outbox.MetadataKind, "OrderPlaced")
-	msg.SetContext(outbox.ContextWithTx(ctx, tx))
+	msg.SetContext(outbox.ContextWithTx(ctx, outbox.SQLTx(tx)))
 	if err := pub.Publish("orders", msg); err != nil {
 		log.Fatal(err)
 	}

@@ -80,7 +80,7 @@ func TestModuleWiresStorePublisherBusAndZap(t *testing.T) {
 	for i := range 5 {
 		msg := message.NewMessage(watermill.NewUUID(), []byte(`{"order_id":1}`))
 		msg.Metadata.Set(outbox.MetadataKind, "OrderPlaced")
-		msg.SetContext(outbox.ContextWithTx(ctx, tx))
+		msg.SetContext(outbox.ContextWithTx(ctx, outbox.SQLTx(tx)))
 		if err := pub.Publish("orders", msg); err != nil {
 			t.Fatalf("publish %d: %v", i, err)
 		}

@@ -5,8 +5,6 @@ import (
 	"database/sql"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millpond/millpond/internal/sqlcore"
 )
@@ -53,27 +51,4 @@ func (d database) BeginTx(ctx context.Context, opts *sql.TxOptions) (sqlcore.Tx,
 
 func newDatabase(b wsql.Beginner, transient func(error) bool) database {
 	return database{executor{b}, b, transient}
-}
-
-// txExecutor turns the caller's open transaction into an executor, and
-// refuses pools and connections: the outbox never opens a transaction of its
-// own for an enqueue.
-func txExecutor(tx any) (sqlcore.Executor, error) {
-	switch t := tx.(type) {
-	case nil:
-		return nil, ErrNoTransaction
-	case pgx.Tx:
-		return executor{wsql.TxFromPgx(t)}, nil
-	case *sql.Tx:
-		if t == nil {
-			return nil, ErrNoTransaction
-		}
-		return executor{wsql.TxFromStdSQL(t)}, nil
-	case *sql.DB, *sql.Conn, *pgxpool.Pool, *pgx.Conn, *pgxpool.Conn, wsql.Beginner:
-		return nil, ErrNoTransaction
-	case wsql.ContextExecutor:
-		return executor{t}, nil
-	default:
-		return nil, ErrUnsupportedTx
-	}
 }

@@ -42,9 +42,7 @@ var (
 	// ErrNoTransaction reports an Enqueue or Publish without an open
 	// transaction: the outbox never opens one implicitly, so an event cannot
 	// commit apart from the data it describes.
-	ErrNoTransaction = errors.New("outbox: an open transaction is required (pgx.Tx or *sql.Tx); refusing an implicit one")
-	// ErrUnsupportedTx reports a transaction value of an unknown type.
-	ErrUnsupportedTx = errors.New("outbox: unsupported transaction type: want pgx.Tx, *sql.Tx or a watermill-sql Tx")
+	ErrNoTransaction = errors.New("outbox: an open transaction is required (outbox.SQLTx or outbox.PgxTx); refusing an implicit one")
 	// ErrClosed reports use of a closed Publisher or Subscriber.
 	ErrClosed = errors.New("outbox: closed")
 )

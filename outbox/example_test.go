@@ -41,11 +41,11 @@ func ExampleStore_Enqueue() {
 		log.Fatal(err)
 	}
 	ev := outbox.Event{Stream: "orders", Key: "order-42-placed", Kind: "OrderPlaced", Payload: []byte(`{"order_id":42}`)}
-	first, err := store.Enqueue(ctx, tx, ev)
+	first, err := store.Enqueue(ctx, outbox.SQLTx(tx), ev)
 	if err != nil {
 		log.Fatal(err)
 	}
-	again, err := store.Enqueue(ctx, tx, ev) // a retried request, say
+	again, err := store.Enqueue(ctx, outbox.SQLTx(tx), ev) // a retried request, say
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func ExampleNewPublisher_pgx() {
 	if _, err := tx.Exec(ctx, "UPDATE orders SET status = 'placed' WHERE id = $1", 42); err != nil {
 		log.Fatal(err)
 	}
-	pub, err := outbox.NewPublisher(store, tx) // one Publisher per transaction
+	pub, err := outbox.NewPublisher(store, outbox.PgxTx(tx)) // one Publisher per transaction
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func ExampleSubscriber() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	pub, err := outbox.NewPublisher(store, tx)
+	pub, err := outbox.NewPublisher(store, outbox.SQLTx(tx))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -43,7 +43,7 @@ const metadataAckedInTx = "millpond_acked_in_tx"
 // Acknowledge last, just before committing: the acknowledgement locks the
 // event's row until tx ends, and the Subscriber's lease extension of the
 // events it holds waits for that lock.
-func (s *Store) AcknowledgeMessageInTx(ctx context.Context, tx any, msg *message.Message) error {
+func (s *Store) AcknowledgeMessageInTx(ctx context.Context, tx Tx, msg *message.Message) error {
 	r, ok := ReceiptFromContext(msg.Context())
 	if !ok {
 		return fmt.Errorf("outbox: acknowledge message %s in a transaction: %w", msg.UUID, ErrNoReceipt)

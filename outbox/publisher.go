@@ -37,16 +37,16 @@ const (
 type txKey struct{}
 
 // ContextWithTx returns a context carrying the caller's open transaction
-// (pgx.Tx or *sql.Tx), for a Publisher made by NewContextPublisher. Set it
-// on each message with msg.SetContext.
-func ContextWithTx(ctx context.Context, tx any) context.Context {
+// (SQLTx or PgxTx), for a Publisher made by NewContextPublisher. Set it on
+// each message with msg.SetContext.
+func ContextWithTx(ctx context.Context, tx Tx) context.Context {
 	return context.WithValue(ctx, txKey{}, tx)
 }
 
 // TxFromContext returns the transaction ContextWithTx stored.
-func TxFromContext(ctx context.Context) (any, bool) {
-	tx := ctx.Value(txKey{})
-	return tx, tx != nil
+func TxFromContext(ctx context.Context) (Tx, bool) {
+	tx, ok := ctx.Value(txKey{}).(Tx)
+	return tx, ok
 }
 
 // Publisher is a Watermill message.Publisher that enqueues each message as
@@ -57,7 +57,7 @@ func TxFromContext(ctx context.Context) (any, bool) {
 type Publisher struct {
 	store *Store
 	mode  publishMode
-	tx    any
+	tx    Tx
 
 	mu     sync.RWMutex
 	closed bool
@@ -74,11 +74,11 @@ const (
 // NewPublisher returns a Publisher bound to the caller's open transaction,
 // the way watermill-sql's publisher is built over a tx: construct one per
 // transaction; the events commit or roll back with it.
-func NewPublisher(store *Store, tx any) (*Publisher, error) {
+func NewPublisher(store *Store, tx Tx) (*Publisher, error) {
 	if store == nil {
 		return nil, errors.New("outbox: new publisher: nil store")
 	}
-	if _, err := txExecutor(tx); err != nil {
+	if _, err := tx.executor(); err != nil {
 		return nil, fmt.Errorf("outbox: new publisher: %w", err)
 	}
 	return &Publisher{store: store, mode: publishInTx, tx: tx}, nil
@@ -126,7 +126,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 					return fmt.Errorf("outbox: publish message %s: %w", msg.UUID, ErrNoTransaction)
 				}
 			}
-			ex, err := txExecutor(tx)
+			ex, err := tx.executor()
 			if err != nil {
 				return fmt.Errorf("outbox: publish message %s: %w", msg.UUID, err)
 			}

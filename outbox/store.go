@@ -232,13 +232,13 @@ func Migrations(dialect string) ([]Migration, error) {
 	return convert(ms, migrationFromCore), nil
 }
 
-// Enqueue records ev inside the caller's open transaction tx, which must be
-// a pgx.Tx, a *sql.Tx or a watermill-sql Tx; pools and connections are
-// refused with ErrNoTransaction. It is idempotent on (stream, key): the same
+// Enqueue records ev inside the caller's open transaction tx (SQLTx or
+// PgxTx); a nil transaction is refused with ErrNoTransaction. It is
+// idempotent on (stream, key): the same
 // kind and payload return the existing id with Inserted false; other content
 // returns ErrIdempotencyConflict.
-func (s *Store) Enqueue(ctx context.Context, tx any, ev Event) (Enqueued, error) {
-	ex, err := txExecutor(tx)
+func (s *Store) Enqueue(ctx context.Context, tx Tx, ev Event) (Enqueued, error) {
+	ex, err := tx.executor()
 	if err != nil {
 		return Enqueued{}, err
 	}
@@ -303,12 +303,12 @@ func (s *Store) AcknowledgeBatch(ctx context.Context, rs []Receipt) ([]Receipt, 
 }
 
 // AcknowledgeInTx marks claimed events delivered inside the caller's open
-// transaction tx (pgx.Tx or *sql.Tx), so a handler's own writes and the
+// transaction tx (SQLTx or PgxTx), so a handler's own writes and the
 // acknowledgement commit together or not at all: if tx rolls back, the
 // events stay claimed and are retried after their leases. It returns
 // ErrStaleClaim when a receipt no longer owns its event under a live lease.
-func (s *Store) AcknowledgeInTx(ctx context.Context, tx any, rs ...Receipt) error {
-	ex, err := txExecutor(tx)
+func (s *Store) AcknowledgeInTx(ctx context.Context, tx Tx, rs ...Receipt) error {
+	ex, err := tx.executor()
 	if err != nil {
 		return err
 	}

@@ -256,7 +256,7 @@ func enqueueOne(t *testing.T, s *outbox.Store, key string) int64 {
 		t.Fatal(err)
 	}
 	defer tx.Rollback()
-	res, err := s.Enqueue(ctx, tx, outbox.Event{Stream: "tools", Key: key, Kind: "Checked", Payload: []byte(`{}`)})
+	res, err := s.Enqueue(ctx, outbox.SQLTx(tx), outbox.Event{Stream: "tools", Key: key, Kind: "Checked", Payload: []byte(`{}`)})
 	if err != nil || !res.Inserted {
 		t.Fatalf("enqueue %s: %+v, %v", key, res, err)
 	}

@@ -15,6 +15,11 @@ import (
 	"testing"
 	"time"
 
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/millpond/millpond/internal/testdb"
 	"github.com/millpond/millpond/outbox"
 )
@@ -185,7 +190,7 @@ func (e *env) enqueue(ev outbox.Event) outbox.Enqueued {
 }
 
 // enqueueErr enqueues in a transaction that is rolled back, returning the error.
-func (e *env) enqueueErr(tx any, ev outbox.Event) error {
+func (e *env) enqueueErr(tx outbox.Tx, ev outbox.Event) error {
 	_, err := e.s.Enqueue(e.ctx, tx, ev)
 	return err
 }
@@ -622,7 +627,7 @@ func testRacingEnqueues(t *testing.T, e *env) {
 // database can be dropped.
 func raceOnce(t *testing.T, e *env, name string, first, second outbox.Event, conflict bool) {
 	type outcome struct {
-		tx       any
+		tx       *outbox.Tx
 		commit   func() error
 		rollback func()
 		res      outbox.Enqueued
@@ -655,7 +660,7 @@ func raceOnce(t *testing.T, e *env, name string, first, second outbox.Event, con
 			return
 		}
 		res, err := e.s.Enqueue(e.ctx, tx2, second)
-		done <- outcome{tx2, commit2, rollback2, res, err}
+		done <- outcome{&tx2, commit2, rollback2, res, err}
 	}()
 	e.waitForLockWait(name)
 	select {
@@ -683,7 +688,7 @@ func raceOnce(t *testing.T, e *env, name string, first, second outbox.Event, con
 		t.Fatalf("%s: want event %d not inserted, got %+v, %v", name, res1.ID, got.res, got.err)
 	}
 	// The second transaction is still usable: nothing failed inside it.
-	if _, err := e.s.Enqueue(e.ctx, got.tx, event("s", second.Key+"-after")); err != nil {
+	if _, err := e.s.Enqueue(e.ctx, *got.tx, event("s", second.Key+"-after")); err != nil {
 		t.Fatalf("%s: enqueue after the race in the same transaction: %v", name, err)
 	}
 	if err := got.commit(); err != nil {
@@ -721,33 +726,43 @@ WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO LIKE 'INSERT INTO millp
 	}
 }
 
-type notATransaction struct{}
-
+// Every form of "no transaction" is refused with ErrNoTransaction, never a
+// panic: the zero Tx and Txs made from nil transactions, typed nils
+// included (a `var tx *pgxpool.Tx` passed as pgx.Tx), through Enqueue, both
+// Publishers and the acknowledgements in a transaction. Pools and
+// connections cannot become a Tx at all (tests/typedtx_test.go).
 func testEnqueueRefusesNonTransaction(t *testing.T, e *env) {
 	ev := event("s", "k")
-	var pool any = e.db.SQL
-	if e.db.Pool != nil {
-		pool = e.db.Pool
+	var nilSQL *sql.Tx
+	var nilPool *pgxpool.Tx
+	var nilPgx pgx.Tx
+	var nilWatermill wsql.Tx
+	cases := map[string]outbox.Tx{
+		"zero Tx":                      {},
+		"SQLTx(nil)":                   outbox.SQLTx(nil),
+		"SQLTx(typed nil *sql.Tx)":     outbox.SQLTx(nilSQL),
+		"PgxTx(nil)":                   outbox.PgxTx(nilPgx),
+		"PgxTx(typed nil *pgxpool.Tx)": outbox.PgxTx(nilPool),
+		"WatermillSQLTx(nil)":          outbox.WatermillSQLTx(nilWatermill),
 	}
-	var nilTx *sql.Tx
-	for name, tx := range map[string]any{"pool": pool, "nil": nil, "typed nil *sql.Tx": nilTx} {
+	ctxPub, err := outbox.NewContextPublisher(e.s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, tx := range cases {
 		if _, err := e.s.Enqueue(e.ctx, tx, ev); !errors.Is(err, outbox.ErrNoTransaction) {
-			t.Errorf("%s: want ErrNoTransaction, got %v", name, err)
+			t.Errorf("Enqueue with %s: want ErrNoTransaction, got %v", name, err)
 		}
-	}
-	if e.db.SQL != nil {
-		conn, err := e.db.SQL.Conn(e.ctx)
-		if err != nil {
-			t.Fatal(err)
+		if _, err := outbox.NewPublisher(e.s, tx); !errors.Is(err, outbox.ErrNoTransaction) {
+			t.Errorf("NewPublisher with %s: want ErrNoTransaction, got %v", name, err)
 		}
-		defer conn.Close()
-		if _, err := e.s.Enqueue(e.ctx, conn, ev); !errors.Is(err, outbox.ErrNoTransaction) {
-			t.Errorf("*sql.Conn: want ErrNoTransaction, got %v", err)
+		m := message.NewMessage("no-tx", []byte("x"))
+		m.SetContext(outbox.ContextWithTx(e.ctx, tx))
+		if err := ctxPub.Publish("s", m); !errors.Is(err, outbox.ErrNoTransaction) {
+			t.Errorf("context Publish with %s: want ErrNoTransaction, got %v", name, err)
 		}
-	}
-	for name, tx := range map[string]any{"struct": notATransaction{}, "string": "BEGIN", "int": 42} {
-		if _, err := e.s.Enqueue(e.ctx, tx, ev); !errors.Is(err, outbox.ErrUnsupportedTx) {
-			t.Errorf("%s: want ErrUnsupportedTx, got %v", name, err)
+		if err := e.s.AcknowledgeInTx(e.ctx, tx, outbox.Receipt{ID: 1, ClaimKey: "k"}); !errors.Is(err, outbox.ErrNoTransaction) {
+			t.Errorf("AcknowledgeInTx with %s: want ErrNoTransaction, got %v", name, err)
 		}
 	}
 	if n := e.count("SELECT COUNT(*) FROM millpond_outbox"); n != 0 {

@@ -117,15 +117,10 @@ func testPublishInTx(t *testing.T, dialect string) {
 	if err := ctxPub.Publish("orders", message.NewMessage(watermill.NewUUID(), nil)); !errors.Is(err, outbox.ErrNoTransaction) {
 		t.Fatalf("context publisher without a tx: %v, want ErrNoTransaction", err)
 	}
-	pool := any(db.SQL)
-	if db.Pool != nil {
-		pool = db.Pool
-	}
-	if _, err := outbox.NewPublisher(store, pool); !errors.Is(err, outbox.ErrNoTransaction) {
-		t.Fatalf("publisher over a pool: %v, want ErrNoTransaction", err)
-	}
-	if _, err := outbox.NewPublisher(store, 42); !errors.Is(err, outbox.ErrUnsupportedTx) {
-		t.Fatalf("publisher over an int: %v, want ErrUnsupportedTx", err)
+	// Pools and connections cannot become an outbox.Tx (the compiler
+	// refuses them; tests/typedtx_test.go proves it); the zero Tx is refused.
+	if _, err := outbox.NewPublisher(store, outbox.Tx{}); !errors.Is(err, outbox.ErrNoTransaction) {
+		t.Fatalf("publisher over no transaction: %v, want ErrNoTransaction", err)
 	}
 }
 
@@ -346,9 +341,9 @@ func TestAcknowledgeInTheHandlersTransaction(t *testing.T) {
 			}
 			handle := func(commit bool) {
 				msg := receive(t, msgs, 10*time.Second)
-				tx, commitTx, rollback := db.Begin(t)
+				raw, commitTx, rollback := db.BeginRaw(t)
 				var err error
-				switch tx := tx.(type) {
+				switch tx := raw.(type) {
 				case interface {
 					ExecContext(context.Context, string, ...any) (sql.Result, error)
 				}:
@@ -359,7 +354,7 @@ func TestAcknowledgeInTheHandlersTransaction(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if err := store.AcknowledgeMessageInTx(context.Background(), tx, msg); err != nil {
+				if err := store.AcknowledgeMessageInTx(context.Background(), testdb.Wrap(raw), msg); err != nil {
 					t.Fatal(err)
 				}
 				if commit {

@@ -268,7 +268,7 @@ func (d *Domain) PlaceOrder(ctx context.Context, customer, sku string, qty int) 
 	// The event goes through the Watermill publisher, in this transaction.
 	msg := message.NewMessage(KindOrderPlaced+":"+ev.OrderID, payload)
 	msg.Metadata.Set(outbox.MetadataKind, KindOrderPlaced)
-	msg.SetContext(outbox.ContextWithTx(ctx, tx))
+	msg.SetContext(outbox.ContextWithTx(ctx, outbox.SQLTx(tx)))
 	if err := d.publisher.Publish(Stream, msg); err != nil {
 		return OrderPlaced{}, fmt.Errorf("orders: publish OrderPlaced: %w", err)
 	}
@@ -284,7 +284,7 @@ func (d *Domain) enqueue(ctx context.Context, tx *sql.Tx, kind, orderID string, 
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", kind, err)
 	}
-	_, err = d.store.Enqueue(ctx, tx, outbox.Event{
+	_, err = d.store.Enqueue(ctx, outbox.SQLTx(tx), outbox.Event{
 		Stream: Stream, Key: kind + ":" + orderID, Kind: kind, Payload: payload,
 	})
 	if err != nil {

@@ -90,7 +90,7 @@ func run(address string, n int) error {
 }
 
 func publish(tx pgx.Tx, store *outbox.Store, n int) error {
-	pub, err := outbox.NewPublisher(store, tx)
+	pub, err := outbox.NewPublisher(store, outbox.PgxTx(tx))
 	if err != nil {
 		return err
 	}

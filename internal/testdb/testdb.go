@@ -27,6 +27,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millpond/millpond/outbox"
@@ -187,11 +188,19 @@ func (d *Database) Store(t testing.TB, opts ...outbox.Option) *outbox.Store {
 	return s
 }
 
-// Begin opens a transaction of the caller's kind: pgx.Tx on PostgreSQL,
-// *sql.Tx elsewhere. commit and rollback end it.
-func (d *Database) Begin(t testing.TB) (tx any, commit func() error, rollback func()) {
+// Begin opens a transaction of the caller's kind (pgx.Tx on PostgreSQL,
+// *sql.Tx elsewhere) as an outbox.Tx. commit and rollback end it.
+func (d *Database) Begin(t testing.TB) (tx outbox.Tx, commit func() error, rollback func()) {
 	t.Helper()
-	tx, commit, rollback, err := d.TryBegin()
+	raw, commit, rollback := d.BeginRaw(t)
+	return Wrap(raw), commit, rollback
+}
+
+// BeginRaw is Begin for tests that also write through the transaction
+// themselves: it returns the pgx.Tx or *sql.Tx.
+func (d *Database) BeginRaw(t testing.TB) (tx any, commit func() error, rollback func()) {
+	t.Helper()
+	tx, commit, rollback, err := d.tryBeginRaw()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +209,15 @@ func (d *Database) Begin(t testing.TB) (tx any, commit func() error, rollback fu
 
 // TryBegin is Begin for goroutines other than the test's: it returns the
 // error instead of failing the test.
-func (d *Database) TryBegin() (tx any, commit func() error, rollback func(), err error) {
+func (d *Database) TryBegin() (tx outbox.Tx, commit func() error, rollback func(), err error) {
+	raw, commit, rollback, err := d.tryBeginRaw()
+	if err != nil {
+		return outbox.Tx{}, nil, nil, err
+	}
+	return Wrap(raw), commit, rollback, nil
+}
+
+func (d *Database) tryBeginRaw() (tx any, commit func() error, rollback func(), err error) {
 	ctx := context.Background()
 	if d.Pool != nil {
 		ptx, err := d.Pool.Begin(ctx)
@@ -214,6 +231,18 @@ func (d *Database) TryBegin() (tx any, commit func() error, rollback func(), err
 		return nil, nil, nil, err
 	}
 	return stx, stx.Commit, func() { _ = stx.Rollback() }, nil
+}
+
+// Wrap makes a pgx.Tx or *sql.Tx into an outbox.Tx.
+func Wrap(raw any) outbox.Tx {
+	switch tx := raw.(type) {
+	case pgx.Tx:
+		return outbox.PgxTx(tx)
+	case *sql.Tx:
+		return outbox.SQLTx(tx)
+	default:
+		panic(fmt.Sprintf("testdb: %T is not a transaction", raw))
+	}
 }
 
 // Exec runs a statement outside the outbox, for tests that inspect or

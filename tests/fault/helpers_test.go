@@ -282,7 +282,7 @@ func enqueueRange(ctx context.Context, db *testdb.Database, store *outbox.Store,
 	}
 	for i := from; i < to; i++ {
 		ev := outbox.Event{Stream: stream, Key: fmt.Sprintf("%s-%d", prefix, i), Kind: "FaultEvent", Payload: []byte(strconv.Itoa(i))}
-		if _, err := store.Enqueue(ctx, tx, ev); err != nil {
+		if _, err := store.Enqueue(ctx, testdb.Wrap(tx), ev); err != nil {
 			rollback()
 			return fmt.Errorf("enqueue %d: %w", i, err)
 		}
