@@ -151,12 +151,11 @@ func logged(logs *observer.ObservedLogs) string {
 func TestModuleLogsTheDatabaseWithoutItsPassword(t *testing.T) {
 	const secret = "fx-Unique-Pw-4411"
 	db := testdb.New(t, "postgres")
+	_, kv := db.WithPassword(t, secret)
 	u, err := url.Parse(db.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	kv := fmt.Sprintf("host=%s port=%s user=%s password=%s dbname=%s search_path=%s sslmode=disable",
-		u.Hostname(), u.Port(), u.User.Username(), secret, strings.TrimPrefix(u.Path, "/"), u.Query().Get("search_path"))
 
 	core, logs := observer.New(zap.DebugLevel)
 	app := fxtest.New(t,

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -262,16 +261,8 @@ func TestPasswordsNeverPrinted(t *testing.T) {
 func TestPasswordNeverPrintedOnSuccess(t *testing.T) {
 	const secret = "Tr0ub4dor-unique-9f3"
 	db := testdb.New(t, "postgres")
-	u, err := url.Parse(db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kv := fmt.Sprintf("host=%s port=%s user=%s password=%s dbname=%s search_path=%s sslmode=disable",
-		u.Hostname(), u.Port(), u.User.Username(), secret, strings.TrimPrefix(u.Path, "/"), u.Query().Get("search_path"))
-	q := u.Query()
-	q.Set("password", secret)
-	u.RawQuery = q.Encode()
-	for _, addr := range []string{kv, u.String()} {
+	withPassword, kv := db.WithPassword(t, secret)
+	for _, addr := range []string{kv, withPassword} {
 		for _, args := range [][]string{{"migrate"}, {"stats"}, {"dead", "list", "-stream", "orders"}} {
 			code, stdout, stderr := cli(t, nil, append(args, "-db", addr)...)
 			if code != exitOK {

@@ -275,3 +275,22 @@ func (d *Database) Count(t testing.TB, query string, args ...any) int64 {
 	}
 	return n
 }
+
+// WithPassword returns the PostgreSQL database's address with a password
+// added, in URL form and in key=value form, for tests that check a
+// password never reaches output. The local server's trust authentication
+// ignores the password, so both addresses open the database.
+func (d *Database) WithPassword(t testing.TB, password string) (urlForm, keywordForm string) {
+	t.Helper()
+	if d.Dialect != "postgres" {
+		t.Fatalf("WithPassword: %s database; want postgres", d.Dialect)
+	}
+	u, err := url.Parse(d.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keywordForm = fmt.Sprintf("host=%s port=%s user=%s password=%s dbname=%s search_path=%s sslmode=disable",
+		u.Hostname(), u.Port(), u.User.Username(), password, strings.TrimPrefix(u.Path, "/"), u.Query().Get("search_path"))
+	u.User = url.UserPassword(u.User.Username(), password)
+	return u.String(), keywordForm
+}

@@ -24,16 +24,13 @@ func TestExampleNeverPrintsThePassword(t *testing.T) {
 	const secret = "ex-Unique-Pw-5092"
 	bin := buildExample(t)
 	db := testdb.New(t, "postgres")
+	withPassword, kv := db.WithPassword(t, secret)
 	u, err := url.Parse(db.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	kv := fmt.Sprintf("host=%s port=%s user=%s password=%s dbname=%s search_path=%s sslmode=disable",
-		u.Hostname(), u.Port(), u.User.Username(), secret, strings.TrimPrefix(u.Path, "/"), u.Query().Get("search_path"))
-	withPassword := *u
-	withPassword.User = url.UserPassword(u.User.Username(), secret)
 
-	for i, addr := range []string{kv, withPassword.String()} {
+	for i, addr := range []string{kv, withPassword} {
 		logPath := filepath.Join(t.TempDir(), fmt.Sprintf("orders-%d.log", i))
 		s := startService(t, bin, addr, freeAddr(t), logPath)
 		s.stop(t)
