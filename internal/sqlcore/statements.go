@@ -296,7 +296,7 @@ func expandIDs(text string, ids []int64) (string, []any) {
 // takersOf is the one definition of "the groups that take a kind now",
 // shared by Reroute (dead letters of the default group) and ReroutePending
 // (pending events of the default group): the named groups subscribed to the
-// stream for the kind or for every kind (event_kind ”). %s is the kind.
+// stream for the kind or for every kind (an empty event_kind). %s is the kind.
 const takersOf = "SELECT DISTINCT consumer_group FROM millpond_subscriptions WHERE stream = @stream AND event_kind IN ('', %s) AND consumer_group <> ''"
 
 // lifecycleStatements list, lock and delete or move the rows of a consumer
