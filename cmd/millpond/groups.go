@@ -150,9 +150,13 @@ func cmdGroupsUnregister(e *env, args []string) error {
 	res, err := s.RetireGroup(e.ctx, outbox.RetireRequest{Stream: *stream, Group: *group, Discard: *discard})
 	switch {
 	case errors.Is(err, outbox.ErrGroupNotDrained):
+		also := ""
+		if res.Dead > 0 {
+			also = fmt.Sprintf(" (and its %d dead letters)", res.Dead)
+		}
 		return fmt.Errorf("groups unregister: group %s of stream %s still has %d pending and %d processing events; "+
-			"let its consumer drain them, or add -discard to delete them (and its %d dead letters); nothing was changed",
-			*group, *stream, res.Pending, res.Processing, res.Dead)
+			"let its consumer drain them, or add -discard to delete them%s; nothing was changed",
+			*group, *stream, res.Pending, res.Processing, also)
 	case errors.Is(err, outbox.ErrGroupNotRegistered):
 		return nothingf("groups unregister: group %s is not registered for stream %s and has no undelivered events", *group, *stream)
 	case err != nil:
