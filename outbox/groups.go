@@ -12,27 +12,61 @@ import (
 )
 
 // DeadSelector names dead-lettered events of one stream for DiscardDead:
-// by id (IDs, any group), or the dead letters of one Group, either of one
-// Kind or All of them. Exactly one of IDs, Kind and All must be set;
-// otherwise the error wraps ErrInvalidSelector.
-type DeadSelector = sqlcore.DeadSelector
+// by id, or the dead letters of one group, either of one kind or all of
+// them. Exactly one of IDs, Kind and All must be set; otherwise the error
+// wraps ErrInvalidSelector.
+type DeadSelector struct {
+	// Stream is the events' stream (required).
+	Stream string
+	// IDs selects dead letters of the stream by id (1-MaxBatch ids, in any
+	// group: ids are unique across groups). Group must then be empty.
+	IDs []int64
+	// Group is the consumer group whose dead letters Kind or All select;
+	// "" is the default group.
+	Group string
+	// Kind selects the group's dead letters of this event kind.
+	Kind string
+	// All selects every dead letter of the group.
+	All bool
+}
+
+// Validate checks the selector; errors wrap ErrInvalidSelector,
+// ErrInvalidKey, ErrInvalidID or ErrInvalidBatch.
+func (s DeadSelector) Validate() error { return sqlcore.DeadSelector(s).Validate() }
 
 // RetireRequest asks RetireGroup to unregister a consumer group from a
-// stream: Stream and Group (a named group) are required; Discard deletes the
-// group's undelivered events instead of refusing while some are pending or
-// processing.
-type RetireRequest = sqlcore.RetireRequest
+// stream.
+type RetireRequest struct {
+	// Stream is the stream (required).
+	Stream string
+	// Group is the consumer group (required: the default group "" is not a
+	// registration and cannot be retired).
+	Group string
+	// Discard deletes the group's undelivered events (pending, processing
+	// and dead-lettered) instead of refusing while some are pending or
+	// processing.
+	Discard bool
+}
 
-// Retired reports what RetireGroup did: whether it removed the
-// registration (Unregistered) and the group's pending, processing and
-// dead-lettered events it deleted (with Discard) or found (otherwise,
-// including when it refused with ErrGroupNotDrained).
-type Retired = sqlcore.Retired
+// Retired reports what RetireGroup did or, when it refused, what it found.
+type Retired struct {
+	// Unregistered is true when the group's registration was removed.
+	Unregistered bool
+	// Pending, Processing and Dead count the group's undelivered events:
+	// the ones deleted with Discard, otherwise the ones found (including
+	// when RetireGroup refused with ErrGroupNotDrained; dead letters stay
+	// with a group retired without Discard).
+	Pending, Processing, Dead int64
+}
 
-// MigrateResult reports what a migration run did: Applied lists the
-// migrations this run applied, oldest first (empty when the schema was up to
-// date); Version is the highest migration recorded afterwards.
-type MigrateResult = sqlcore.MigrateResult
+// MigrateResult reports what a migration run did.
+type MigrateResult struct {
+	// Applied lists the migrations this run applied, oldest first; empty
+	// when the schema was already up to date.
+	Applied []Migration
+	// Version is the highest migration recorded after the run.
+	Version int
+}
 
 // GroupRegistration is one consumer group's registration on a stream.
 type GroupRegistration struct {
@@ -204,11 +238,11 @@ func (s *Store) ListGroups(ctx context.Context, streams ...string) ([]GroupInfo,
 // before it was removed may still add an event for the group when it
 // commits; ListGroups shows such a row under the unregistered group.
 func (s *Store) RetireGroup(ctx context.Context, r RetireRequest) (Retired, error) {
-	res, err := s.core.RetireGroup(ctx, r)
+	res, err := s.core.RetireGroup(ctx, sqlcore.RetireRequest(r))
 	if err != nil {
-		return res, fmt.Errorf("outbox: retire group: %w", err)
+		return Retired(res), fmt.Errorf("outbox: retire group: %w", err)
 	}
-	return res, nil
+	return Retired(res), nil
 }
 
 // DiscardDead deletes the dead-lettered events sel names (by id, by kind
@@ -218,7 +252,7 @@ func (s *Store) RetireGroup(ctx context.Context, r RetireRequest) (Retired, erro
 // key leaves the idempotency window unless another group still holds a row
 // for it.
 func (s *Store) DiscardDead(ctx context.Context, sel DeadSelector) (int64, error) {
-	n, err := s.core.DiscardDead(ctx, sel)
+	n, err := s.core.DiscardDead(ctx, sqlcore.DeadSelector(sel))
 	if err != nil {
 		return n, fmt.Errorf("outbox: discard dead letters (%d discarded before the error): %w", n, err)
 	}
@@ -262,5 +296,9 @@ func (s *Store) MigrateReport(ctx context.Context) (MigrateResult, error) {
 	if err != nil {
 		return MigrateResult{}, fmt.Errorf("outbox: migrate: %w", err)
 	}
-	return res, nil
+	out := MigrateResult{Version: res.Version, Applied: make([]Migration, len(res.Applied))}
+	for i, m := range res.Applied {
+		out.Applied[i] = Migration(m)
+	}
+	return out, nil
 }
