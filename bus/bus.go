@@ -16,6 +16,21 @@
 // UnroutedPolicy decides what happens to it (dead-letter by default, so it
 // is visible in the dead-letter list with the reason).
 //
+// Renaming a handler: its name is its consumer group, a durable identity
+// kept in the database, so a new name is a new group. Start registers the
+// new group, which sees only events enqueued from then on. The old group
+// stays registered (the database cannot tell that its handler is gone), so
+// every new event of its kind still gets a row for it that nobody consumes,
+// Stats and ListGroups count them, and the old group's events from before
+// the new group registered (its backlog, and whatever was enqueued while no
+// process ran) never reach the renamed handler. Start logs ErrUnservedGroup
+// for such a group. Keep handler names stable; when one must change, drain
+// the old group first (run the old name until Stats shows no backlog for
+// it) or accept that its backlog is dropped, then retire it with
+// Store.RetireGroup or "millpond groups unregister", which refuses while
+// the group has pending or processing events unless told to discard them.
+// Removing a handler leaves its group registered in the same way.
+//
 // Stop is graceful: no new claims, events claimed but not started are
 // released at once, running handlers may finish (their acks are written)
 // until the close timeout, and nothing is lost: what does not finish in time
@@ -26,7 +41,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -66,6 +83,10 @@ type Config struct {
 	CloseTimeout time.Duration
 	// Logger receives the router's and subscribers' logs.
 	Logger watermill.LoggerAdapter
+	// OtherGroups names consumer groups of the bus's streams that other
+	// processes serve (another service's bus, a Watermill subscriber), so
+	// that Start does not warn about them as unserved.
+	OtherGroups []string
 }
 
 // Bus routes outbox events to handlers through one Watermill router.
@@ -87,6 +108,13 @@ var ErrDuplicateHandler = errors.New("bus: duplicate handler name")
 
 // ErrStarted reports a second Start of the same bus.
 var ErrStarted = errors.New("bus: already started")
+
+// ErrUnservedGroup is logged, never returned, by Start for each consumer
+// group registered for one of the bus's streams that none of its handlers
+// serves and Config.OtherGroups does not name: usually the group of a
+// renamed or removed handler, which keeps getting a row for every event of
+// its kinds that nobody consumes (see the package documentation).
+var ErrUnservedGroup = errors.New("bus: consumer group registered for a stream of the bus, served by none of its handlers")
 
 // New returns a Bus over the store for the handlers. Add router-level
 // middleware with Router().AddMiddleware before Start.
@@ -240,8 +268,41 @@ func (b *Bus) RegisterGroups(ctx context.Context) error {
 	return nil
 }
 
-// Start registers the handlers' groups, runs the router in the background
-// and returns once it is running (or ctx ends).
+// warnUnserved logs ErrUnservedGroup for every group registered for one of
+// the bus's streams that no handler of the bus serves. Watermill's logger
+// has no warning level; the check logs at error level, once per start.
+func (b *Bus) warnUnserved(ctx context.Context) {
+	if len(b.streams) == 0 {
+		return
+	}
+	regs, err := b.store.RegisteredGroups(ctx, b.streams...)
+	if err != nil {
+		b.cfg.Logger.Error("Could not check for registered consumer groups that no handler serves", err, nil)
+		return
+	}
+	served := map[[2]string]bool{}
+	for _, h := range b.handlers {
+		served[[2]string{h.Stream(), h.Name()}] = true
+	}
+	for _, r := range regs {
+		if r.Group == "" || served[[2]string{r.Stream, r.Group}] || slices.Contains(b.cfg.OtherGroups, r.Group) {
+			continue
+		}
+		kinds := strings.Join(r.Kinds, ",")
+		if r.AllKinds {
+			kinds = "*"
+		}
+		b.cfg.Logger.Error("A consumer group registered for a stream of this bus is served by none of its handlers: "+
+			"a row is still written for it for every event of its kinds (a renamed or removed handler?). "+
+			"If no other process consumes it, retire it (millpond groups unregister), "+
+			"or name it in Config.OtherGroups", ErrUnservedGroup,
+			watermill.LogFields{"stream": r.Stream, "consumer_group": r.Group, "event_kinds": kinds})
+	}
+}
+
+// Start registers the handlers' groups, warns about registered groups of
+// its streams that no handler serves (ErrUnservedGroup), runs the router in
+// the background and returns once it is running (or ctx ends).
 func (b *Bus) Start(ctx context.Context) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -251,6 +312,7 @@ func (b *Bus) Start(ctx context.Context) error {
 	if err := b.RegisterGroups(ctx); err != nil {
 		return err
 	}
+	b.warnUnserved(ctx)
 	b.started = true
 	b.done = make(chan struct{})
 	go func() {

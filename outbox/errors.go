@@ -39,6 +39,15 @@ var (
 	// ErrStaleClaim reports a claim key that no longer owns its event;
 	// nothing was changed.
 	ErrStaleClaim = sqlcore.ErrStaleClaim
+	// ErrInvalidSelector reports a DeadSelector that names none or more than
+	// one of ids, a kind, or all of a group.
+	ErrInvalidSelector = sqlcore.ErrInvalidSelector
+	// ErrGroupNotDrained reports a RetireGroup refused because the group
+	// still has pending or processing events; nothing was changed.
+	ErrGroupNotDrained = sqlcore.ErrGroupNotDrained
+	// ErrGroupNotRegistered reports a RetireGroup of a group that is not
+	// registered for the stream and has nothing to discard.
+	ErrGroupNotRegistered = sqlcore.ErrGroupNotRegistered
 	// ErrNoTransaction reports an Enqueue or Publish without an open
 	// transaction: the outbox never opens one implicitly, so an event cannot
 	// commit apart from the data it describes.

@@ -1,41 +1,52 @@
 // Command millpond administers a millpond outbox database: it installs or
-// removes the schema, shows backlog statistics, lists and requeues
-// dead-lettered events, and purges delivered events past their retention.
+// removes the schema, shows backlog statistics, lists, requeues, reroutes
+// and discards dead-lettered events, lists and retires consumer groups,
+// moves waiting events of the default group to the groups that take them
+// now, and purges delivered events past their retention.
 //
 // Usage:
 //
 //	millpond [-db URL] <command> [flags]
 //
 //	millpond migrate [-down -yes]
-//	millpond stats
-//	millpond dead list -stream S [-group G | -all-groups] [-after ID] [-limit N]
+//	millpond stats [-json]
+//	millpond dead list -stream S [-group G | -all-groups] [-after ID] [-limit N] [-json]
 //	millpond dead requeue -stream S ID...
 //	millpond dead reroute -stream S ID...
+//	millpond dead discard -stream S (ID... | [-group G] -kind K | [-group G] -all)
+//	millpond groups list [-stream S] [-json]
+//	millpond groups unregister -stream S -group G [-discard]
+//	millpond pending reroute -stream S
 //	millpond purge -older-than 168h [-limit N]
 //
-// The database comes from -db (before or after the command) or from the
-// MILLPOND_DATABASE_URL environment variable: postgres://, mysql://,
-// sqlite:path or a PostgreSQL key=value string. Passwords are never printed. The exit code is 0 on success,
-// 1 when the command failed and 2 for a usage error.
+// Every command and command group takes -h. The database comes from -db
+// (before or after the command) or from the MILLPOND_DATABASE_URL
+// environment variable: postgres://, mysql://, sqlite:path or a PostgreSQL
+// key=value string. Passwords, event keys and payloads are never printed.
+// The exit code is 0 on success, 1 when the command failed, 2 for a usage error and 3 when a
+// command that changes events or groups matched none.
 package main
 
 import (
-	"github.com/millpond/millpond/outbox/anydb"
-
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/millpond/millpond/dsn"
 	"github.com/millpond/millpond/outbox"
+	"github.com/millpond/millpond/outbox/anydb"
 )
 
 // EnvDatabaseURL names the environment variable read when -db is not given.
@@ -46,6 +57,7 @@ const (
 	exitOK      = 0
 	exitFailure = 1
 	exitUsage   = 2
+	exitNothing = 3 // requeue, reroute, discard or unregister matched nothing
 )
 
 // purgeChunk is how many rows one Purge statement deletes at most, so a
@@ -56,11 +68,17 @@ const usageText = `Usage: millpond [-db URL] <command> [flags]
 
 Commands:
   migrate [-down -yes]                  install or upgrade the outbox schema (-down -yes removes it and every event)
-  stats                                 count pending, processing and dead-lettered events per stream and group
-  dead list -stream S [-group G | -all-groups] [-after ID] [-limit N]
+  stats [-json]                         count pending, processing and dead-lettered events per stream and group
+  dead list -stream S [-group G | -all-groups] [-after ID] [-limit N] [-json]
                                         list dead-lettered events, oldest first
   dead requeue -stream S ID...          make dead-lettered events pending again, attempts reset
   dead reroute -stream S ID...          move unrouted dead letters to the groups that take their kind now
+  dead discard -stream S (ID... | [-group G] -kind K | [-group G] -all)
+                                        delete dead-lettered events for good
+  groups list [-stream S] [-json]       list consumer groups: registration, backlog, last activity
+  groups unregister -stream S -group G [-discard]
+                                        retire a group (refused while it has pending or processing events)
+  pending reroute -stream S             move pending events of the default group to the groups that take their kind now
   purge -older-than D [-limit N]        delete events delivered more than D ago (e.g. 168h)
 
 The database is -db URL or $` + EnvDatabaseURL + `:
@@ -71,6 +89,37 @@ The database is -db URL or $` + EnvDatabaseURL + `:
 Passwords are never printed.
 
 Run "millpond <command> -h" for a command's flags.
+
+Exit codes: 0 success, 1 failure, 2 usage error, 3 nothing matched (dead
+requeue, reroute and discard, groups unregister, pending reroute).
+`
+
+const deadUsage = `Usage: millpond dead <subcommand> [flags]
+
+Subcommands:
+  list      list dead-lettered events of a stream
+  requeue   make dead-lettered events pending again
+  reroute   move unrouted dead letters to the groups that take their kind now
+  discard   delete dead-lettered events for good
+
+Run "millpond dead <subcommand> -h" for its flags.
+`
+
+const groupsUsage = `Usage: millpond groups <subcommand> [flags]
+
+Subcommands:
+  list        list consumer groups with their registration, backlog and last activity
+  unregister  retire a consumer group (of a renamed or removed handler)
+
+Run "millpond groups <subcommand> -h" for its flags.
+`
+
+const pendingUsage = `Usage: millpond pending <subcommand> [flags]
+
+Subcommands:
+  reroute   move pending events of the default group to the groups that take their kind now
+
+Run "millpond pending <subcommand> -h" for its flags.
 `
 
 func main() {
@@ -87,6 +136,16 @@ type usageError struct {
 }
 
 func (e *usageError) Error() string { return e.msg }
+
+// nothingError reports a command that matched no event or group: it exits
+// with code 3.
+type nothingError struct{ msg string }
+
+func (e *nothingError) Error() string { return e.msg }
+
+func nothingf(format string, args ...any) error {
+	return &nothingError{msg: fmt.Sprintf(format, args...)}
+}
 
 func usagef(format string, args ...any) error {
 	return &usageError{msg: fmt.Sprintf(format, args...)}
@@ -108,11 +167,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	e := &env{ctx: ctx, stdout: stdout, stderr: stderr, getenv: getenv}
 	err := dispatch(e, args)
 	var uerr *usageError
+	var nerr *nothingError
 	switch {
 	case err == nil:
 		return exitOK
 	case errors.Is(err, flag.ErrHelp):
 		return exitOK
+	case errors.As(err, &nerr):
+		fmt.Fprintf(stderr, "millpond: %s\n", nerr.msg)
+		return exitNothing
 	case errors.As(err, &uerr):
 		if !uerr.printed {
 			fmt.Fprintf(stderr, "millpond: %s\n", uerr.msg)
@@ -148,24 +211,42 @@ func dispatch(e *env, args []string) error {
 	case "stats":
 		return cmdStats(e, rest)
 	case "dead":
-		if len(rest) == 0 {
-			return usagef("dead: want a subcommand: list, requeue or reroute")
-		}
-		switch rest[0] {
-		case "list":
-			return cmdDeadList(e, rest[1:])
-		case "requeue":
-			return cmdDeadRequeue(e, rest[1:])
-		case "reroute":
-			return cmdDeadReroute(e, rest[1:])
-		default:
-			return usagef("dead: unknown subcommand %q (want list, requeue or reroute)", rest[0])
-		}
+		return subcommand(e, "dead", deadUsage, rest, map[string]func(*env, []string) error{
+			"list": cmdDeadList, "requeue": cmdDeadRequeue, "reroute": cmdDeadReroute, "discard": cmdDeadDiscard,
+		})
+	case "groups":
+		return subcommand(e, "groups", groupsUsage, rest, map[string]func(*env, []string) error{
+			"list": cmdGroupsList, "unregister": cmdGroupsUnregister,
+		})
+	case "pending":
+		return subcommand(e, "pending", pendingUsage, rest, map[string]func(*env, []string) error{
+			"reroute": cmdPendingReroute,
+		})
 	case "purge":
 		return cmdPurge(e, rest)
 	default:
 		return usagef("unknown command %q", cmd)
 	}
+}
+
+// subcommand dispatches a command group (dead, groups, pending): -h prints
+// the group's usage and exits 0.
+func subcommand(e *env, group, usage string, args []string, cmds map[string]func(*env, []string) error) error {
+	names := slices.Sorted(maps.Keys(cmds))
+	want := strings.Join(names, ", ")
+	if len(args) == 0 {
+		return usagef("%s: want a subcommand: %s", group, want)
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(e.stderr, usage)
+		return flag.ErrHelp
+	}
+	cmd, ok := cmds[args[0]]
+	if !ok {
+		return usagef("%s: unknown subcommand %q (want %s)", group, args[0], want)
+	}
+	return cmd(e, args[1:])
 }
 
 // newFlagSet returns a flag set that reports errors instead of exiting and
@@ -279,15 +360,99 @@ func cmdMigrate(e *env, args []string) error {
 		fmt.Fprintf(e.stdout, "removed the outbox schema from %s\n", db.shown)
 		return nil
 	}
-	if err := s.Migrate(e.ctx); err != nil {
+	res, err := s.MigrateReport(e.ctx)
+	if err != nil {
 		return db.fail("migrate", err)
 	}
-	fmt.Fprintf(e.stdout, "outbox schema is up to date in %s\n", db.shown)
+	if len(res.Applied) == 0 {
+		fmt.Fprintf(e.stdout, "outbox schema is up to date at version %d in %s\n", res.Version, db.shown)
+		return nil
+	}
+	steps := make([]string, len(res.Applied))
+	for i, m := range res.Applied {
+		steps[i] = fmt.Sprintf("%04d %s", m.Version, m.Name)
+	}
+	noun := "migration"
+	if len(steps) > 1 {
+		noun = "migrations"
+	}
+	fmt.Fprintf(e.stdout, "applied %s %s; outbox schema at version %d in %s\n", noun, strings.Join(steps, ", "), res.Version, db.shown)
 	return nil
 }
 
+// openInstalled is open for commands that need the outbox schema: when it
+// is not installed, it says so and how to install it, instead of letting a
+// statement fail on a missing table.
+func openInstalled(e *env, local string) (*outbox.Store, target, error) {
+	s, db, err := open(e, local)
+	if err != nil {
+		return nil, db, err
+	}
+	v, err := s.SchemaVersion(e.ctx)
+	if err != nil {
+		s.Close()
+		return nil, db, db.fail("read the schema version of", err)
+	}
+	if v == 0 {
+		s.Close()
+		return nil, db, fmt.Errorf("the outbox schema is not installed in %s; run `millpond migrate`", db.shown)
+	}
+	return s, db, nil
+}
+
+// writeJSON prints v as indented JSON.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return fmt.Errorf("write JSON: %w", err)
+	}
+	return nil
+}
+
+// jsonTime formats a time for -json output: RFC 3339 in UTC, or null.
+func jsonTime(t time.Time) *string {
+	if t.IsZero() {
+		return nil
+	}
+	v := t.UTC().Format(time.RFC3339Nano)
+	return &v
+}
+
+// textTime formats a time for a table: RFC 3339 in UTC to the second, or "-".
+func textTime(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+const statsUsage = `Usage: millpond stats [-json] [-db URL]
+
+Count pending, processing and dead-lettered events per stream and consumer group.
+
+With -json, a JSON array with one object per stream and group:
+  stream                  the stream
+  group                   the consumer group ("" is the default group)
+  pending                 events waiting for a claim, including delayed retries
+  processing              claimed events
+  dead                    dead-lettered events
+  oldest_pending_age_ms   age of the oldest pending or processing event in milliseconds, 0 when none
+`
+
+// statsJSON is one row of "stats -json"; the field names are stable.
+type statsJSON struct {
+	Stream             string `json:"stream"`
+	Group              string `json:"group"`
+	Pending            int64  `json:"pending"`
+	Processing         int64  `json:"processing"`
+	Dead               int64  `json:"dead"`
+	OldestPendingAgeMS int64  `json:"oldest_pending_age_ms"`
+}
+
 func cmdStats(e *env, args []string) error {
-	fs := newFlagSet(e, "stats", "Usage: millpond stats [-db URL]\n\nCount pending, processing and dead-lettered events per stream and consumer group.\n")
+	fs := newFlagSet(e, "stats", statsUsage)
+	asJSON := fs.Bool("json", false, "print JSON (fields above)")
 	dbFlag := addDBFlag(fs)
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -296,7 +461,7 @@ func cmdStats(e *env, args []string) error {
 	if len(pos) > 0 {
 		return usagef("stats: unexpected argument %q", pos[0])
 	}
-	s, db, err := open(e, *dbFlag)
+	s, db, err := openInstalled(e, *dbFlag)
 	if err != nil {
 		return err
 	}
@@ -304,6 +469,14 @@ func cmdStats(e *env, args []string) error {
 	stats, err := s.Stats(e.ctx)
 	if err != nil {
 		return db.fail("stats of", err)
+	}
+	if *asJSON {
+		out := make([]statsJSON, len(stats))
+		for i, st := range stats {
+			out[i] = statsJSON{Stream: st.Stream, Group: st.Group, Pending: st.Pending, Processing: st.Processing,
+				Dead: st.Dead, OldestPendingAgeMS: st.OldestPendingAge.Milliseconds()}
+		}
+		return writeJSON(e.stdout, out)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "STREAM\tGROUP\tPENDING\tPROCESSING\tDEAD\tOLDEST_PENDING_AGE")
@@ -331,8 +504,35 @@ func groupName(g string) string {
 	return g
 }
 
+const deadListUsage = `Usage: millpond dead list -stream S [-group G | -all-groups] [-after ID] [-limit N] [-json] [-db URL]
+
+List dead-lettered events of a stream, oldest first.
+
+With -json, a JSON array with one object per event (event keys and payloads are never printed):
+  id           the event's row id (for requeue, reroute, discard and -after)
+  stream       the stream
+  group        the consumer group ("" is the default group)
+  kind         the event kind
+  attempts     claims made
+  created_at   when the event was enqueued, RFC 3339 in UTC
+  last_error   the last failure text
+`
+
+// deadJSON is one row of "dead list -json"; the field names are stable. It
+// has no key or payload: those are never printed.
+type deadJSON struct {
+	ID        int64  `json:"id"`
+	Stream    string `json:"stream"`
+	Group     string `json:"group"`
+	Kind      string `json:"kind"`
+	Attempts  int    `json:"attempts"`
+	CreatedAt string `json:"created_at"`
+	LastError string `json:"last_error"`
+}
+
 func cmdDeadList(e *env, args []string) error {
-	fs := newFlagSet(e, "dead list", "Usage: millpond dead list -stream S [-group G | -all-groups] [-after ID] [-limit N] [-db URL]\n\nList dead-lettered events of a stream, oldest first.\n")
+	fs := newFlagSet(e, "dead list", deadListUsage)
+	asJSON := fs.Bool("json", false, "print JSON (fields above)")
 	stream := fs.String("stream", "", "stream to list (required)")
 	group := fs.String("group", "", "consumer group (default: the default group)")
 	all := fs.Bool("all-groups", false, "list every consumer group of the stream")
@@ -355,7 +555,10 @@ func cmdDeadList(e *env, args []string) error {
 	case *limit < 1 || *limit > outbox.MaxBatch:
 		return usagef("dead list: -limit must be 1-%d", outbox.MaxBatch)
 	}
-	s, db, err := open(e, *dbFlag)
+	if err := validateNames("dead list", *stream, *group); err != nil {
+		return err
+	}
+	s, db, err := openInstalled(e, *dbFlag)
 	if err != nil {
 		return err
 	}
@@ -367,6 +570,17 @@ func cmdDeadList(e *env, args []string) error {
 		}
 		return db.fail("list dead letters in", err)
 	}
+	if len(dead) == *limit {
+		defer fmt.Fprintf(e.stderr, "more may follow: add -after %d\n", dead[len(dead)-1].ID)
+	}
+	if *asJSON {
+		out := make([]deadJSON, len(dead))
+		for i, d := range dead {
+			out[i] = deadJSON{ID: d.ID, Stream: d.Stream, Group: d.Group, Kind: d.Kind, Attempts: d.Attempts,
+				CreatedAt: d.CreatedAt.UTC().Format(time.RFC3339Nano), LastError: d.LastError}
+		}
+		return writeJSON(e.stdout, out)
+	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tGROUP\tKEY\tKIND\tATTEMPTS\tCREATED\tLAST_ERROR")
 	for _, d := range dead {
@@ -375,9 +589,6 @@ func cmdDeadList(e *env, args []string) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write dead letters: %w", err)
-	}
-	if len(dead) == *limit {
-		fmt.Fprintf(e.stderr, "more may follow: add -after %d\n", dead[len(dead)-1].ID)
 	}
 	return nil
 }
@@ -413,19 +624,14 @@ func moveDead(e *env, args []string, verb, done, about string, move func(*outbox
 	if len(pos) == 0 {
 		return usagef("dead %s: give at least one event id", verb)
 	}
-	ids := make([]int64, 0, len(pos))
-	seen := map[int64]bool{}
-	for _, p := range pos {
-		id, err := strconv.ParseInt(p, 10, 64)
-		if err != nil || id <= 0 {
-			return usagef("dead %s: %q is not an event id (a positive integer)", verb, p)
-		}
-		if !seen[id] {
-			seen[id] = true
-			ids = append(ids, id)
-		}
+	ids, err := parseIDs("dead "+verb, pos)
+	if err != nil {
+		return err
 	}
-	s, db, err := open(e, *dbFlag)
+	if err := validateNames("dead "+verb, *stream, ""); err != nil {
+		return err
+	}
+	s, db, err := openInstalled(e, *dbFlag)
 	if err != nil {
 		return err
 	}
@@ -443,10 +649,44 @@ func moveDead(e *env, args []string, verb, done, about string, move func(*outbox
 		total += n
 	}
 	fmt.Fprintf(e.stdout, "%s %d of %d events\n", done, total, len(ids))
+	if total == 0 {
+		return nothingf("dead %s: none of the ids is a dead-lettered event of stream %s that could be %s", verb, *stream, done)
+	}
 	if total < len(ids) {
 		fmt.Fprintf(e.stderr, "%d ids were not dead-lettered events of stream %s that could be %s, and were left alone\n", len(ids)-total, *stream, done)
 	}
 	return nil
+}
+
+// validateNames checks a stream and, unless empty, a consumer group before
+// the database is opened: a bad name is a usage error.
+func validateNames(cmd, stream, group string) error {
+	if err := outbox.ValidateKey("stream", stream); err != nil {
+		return usagef("%s: %v", cmd, err)
+	}
+	if group != "" {
+		if err := outbox.ValidateKey("consumer group", group); err != nil {
+			return usagef("%s: %v", cmd, err)
+		}
+	}
+	return nil
+}
+
+// parseIDs reads positional event ids, dropping repeats.
+func parseIDs(cmd string, pos []string) ([]int64, error) {
+	ids := make([]int64, 0, len(pos))
+	seen := map[int64]bool{}
+	for _, p := range pos {
+		id, err := strconv.ParseInt(p, 10, 64)
+		if err != nil || id <= 0 {
+			return nil, usagef("%s: %q is not an event id (a positive integer)", cmd, p)
+		}
+		if !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
 }
 
 func cmdPurge(e *env, args []string) error {
@@ -468,7 +708,7 @@ func cmdPurge(e *env, args []string) error {
 	case *limit < 0:
 		return usagef("purge: -limit must not be negative")
 	}
-	s, db, err := open(e, *dbFlag)
+	s, db, err := openInstalled(e, *dbFlag)
 	if err != nil {
 		return err
 	}

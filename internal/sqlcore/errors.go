@@ -38,4 +38,13 @@ var (
 	// lease expired, another worker reclaimed it, or it was already settled.
 	// Nothing was changed.
 	ErrStaleClaim = errors.New("claim is stale")
+	// ErrInvalidSelector reports a selection of events that names none or
+	// more than one of its alternatives (ids, a kind, all of a group).
+	ErrInvalidSelector = errors.New("invalid selector")
+	// ErrGroupNotDrained reports a consumer group that still has pending or
+	// processing events, which retiring it would strand. Nothing was changed.
+	ErrGroupNotDrained = errors.New("consumer group still has pending or processing events")
+	// ErrGroupNotRegistered reports a consumer group that is not registered
+	// for the stream and has nothing to discard. Nothing was changed.
+	ErrGroupNotRegistered = errors.New("consumer group is not registered for the stream")
 )

@@ -126,11 +126,20 @@ func (d Dialect) statementsOf(script string) []string {
 // database lock so concurrent processes migrate once. It is idempotent and
 // never runs implicitly.
 func (c *Core) Migrate(ctx context.Context) error {
+	_, err := c.MigrateReport(ctx)
+	return err
+}
+
+// MigrateReport is Migrate that also reports what it did: the migrations
+// this call applied, in order, and the schema version afterwards.
+func (c *Core) MigrateReport(ctx context.Context) (MigrateResult, error) {
 	migrations, err := LoadMigrations(c.dialect)
 	if err != nil {
-		return err
+		return MigrateResult{}, err
 	}
-	return c.underMigrationLock(ctx, func(tx Tx) error {
+	var res MigrateResult
+	err = c.underMigrationLock(ctx, func(tx Tx) error {
+		res = MigrateResult{}
 		if _, err := tx.ExecContext(ctx, c.stmts.migrationsDDL); err != nil {
 			return fmt.Errorf("create migrations table: %w", err)
 		}
@@ -141,6 +150,9 @@ func (c *Core) Migrate(ctx context.Context) error {
 		now, err := c.resolveNow(ctx, tx)
 		if err != nil {
 			return err
+		}
+		for v := range applied {
+			res.Version = max(res.Version, int(v))
 		}
 		for _, m := range migrations {
 			if applied[int64(m.Version)] {
@@ -154,9 +166,24 @@ func (c *Core) Migrate(ctx context.Context) error {
 			if _, err := tx.ExecContext(ctx, c.stmts.recordSQL, m.Version, m.Name, now); err != nil {
 				return fmt.Errorf("record migration %d: %w", m.Version, err)
 			}
+			res.Applied = append(res.Applied, m)
+			res.Version = max(res.Version, m.Version)
 		}
 		return nil
 	})
+	if err != nil {
+		return MigrateResult{}, err
+	}
+	return res, nil
+}
+
+// MigrateResult reports what a migration run did.
+type MigrateResult struct {
+	// Applied lists the migrations this run applied, oldest first; empty
+	// when the schema was already up to date.
+	Applied []Migration
+	// Version is the highest migration recorded after the run.
+	Version int
 }
 
 // MigrateDown reverts every migration, newest first, and drops the

@@ -45,6 +45,7 @@ type statements struct {
 	migrationsDDL  string
 	appliedSQL     string
 	recordSQL      string
+	lifecycle      lifecycleStatements // group lifecycle and dead-letter discards (groups.go)
 }
 
 const insertColsFor = "INSERT INTO millpond_outbox (stream, consumer_group, event_key, event_kind, payload, metadata, content_hash, status, available_at, created_at)\n"
@@ -73,7 +74,7 @@ GROUP BY stream, consumer_group
 ORDER BY stream, consumer_group`)
 	s.unregister = c("DELETE FROM millpond_subscriptions WHERE stream = @stream AND consumer_group = @group")
 	s.deadKind = c("SELECT event_kind FROM millpond_outbox WHERE id = @id AND stream = @stream AND consumer_group = '' AND status = 'dead_letter'")
-	s.kindGroups = c("SELECT DISTINCT consumer_group FROM millpond_subscriptions WHERE stream = @stream AND event_kind IN ('', @kind) AND consumer_group <> ''")
+	s.kindGroups = c(fmt.Sprintf(takersOf, "@kind"))
 	s.deleteRow = c("DELETE FROM millpond_outbox WHERE id = @id")
 	copyRow := insertColsFor + `SELECT src.stream, @group, src.event_key, src.event_kind, src.payload, src.metadata, src.content_hash, 'pending', @now, src.created_at
 FROM millpond_outbox src WHERE src.id = @id`
@@ -251,6 +252,7 @@ WHERE status = 'dead_letter' AND stream = @stream AND id IN ({ids})`)
 		s.migrationsDDL = "CREATE TABLE IF NOT EXISTS millpond_schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)"
 		s.recordSQL = "INSERT INTO millpond_schema_migrations (version, name, applied_at) VALUES (?, ?, ?)"
 	}
+	s.lifecycle = newLifecycleStatements(d)
 	return s
 }
 
@@ -289,4 +291,110 @@ func expandIDs(text string, ids []int64) (string, []any) {
 		args[i] = id
 	}
 	return strings.Replace(text, "{ids}", strings.TrimSuffix(strings.Repeat("?, ", len(ids)), ", "), 1), args
+}
+
+// takersOf is the one definition of "the groups that take a kind now",
+// shared by Reroute (dead letters of the default group) and ReroutePending
+// (pending events of the default group): the named groups subscribed to the
+// stream for the kind or for every kind (an empty event_kind). %s is the kind.
+const takersOf = "SELECT DISTINCT consumer_group FROM millpond_subscriptions WHERE stream = @stream AND event_kind IN ('', %s) AND consumer_group <> ''"
+
+// lifecycleStatements list, lock and delete or move the rows of a consumer
+// group. Every statement that changes several rows works on ids that a
+// locking read took in id order first (PostgreSQL and MySQL: SELECT … ORDER
+// BY id FOR UPDATE over the primary key; SQLite has one writer), so two of
+// them, or one of them and another multi-row statement that keeps the same
+// order, cannot deadlock.
+type lifecycleStatements struct {
+	subscriptions query // every subscription row
+	activity      query // per stream and group: counts by state, newest created_at and delivered_at
+	groupCounts   query // one group's pending, processing and dead-lettered rows
+	schemaTable   query // 1 when millpond_schema_migrations exists
+	schemaVersion query // the highest recorded migration
+
+	// Candidates: plain reads of the next ids (above @after) to act on.
+	deadOfGroup      query // dead letters of a group, optionally of one kind
+	unsettledOfGroup query // pending and processing rows of a group
+	pendingDefault   query // pending rows of the default group whose kind a group takes now
+
+	// Locking reads by id ({ids} or @ids), in id order, re-checking the state.
+	lockDead        query // id, status, event_kind of dead letters of the stream
+	lockUndelivered query // … of pending, processing or dead-lettered rows
+	lockPending     query // … of pending rows of the default group
+
+	deleteIDs   query // delete rows by id
+	copyPending query // a pending copy, for @group, of rows by id (keeps available_at)
+}
+
+func newLifecycleStatements(d Dialect) lifecycleStatements {
+	c := d.compile
+	var s lifecycleStatements
+	s.subscriptions = c("SELECT stream, consumer_group, event_kind, created_at FROM millpond_subscriptions ORDER BY stream, consumer_group, event_kind")
+	s.activity = c(`SELECT stream, consumer_group,
+  SUM(CASE WHEN status = 'pending' THEN 1 ELSE 0 END),
+  SUM(CASE WHEN status = 'processing' THEN 1 ELSE 0 END),
+  SUM(CASE WHEN status = 'dead_letter' THEN 1 ELSE 0 END),
+  SUM(CASE WHEN status = 'delivered' THEN 1 ELSE 0 END),
+  MAX(created_at), COALESCE(MAX(delivered_at), 0)
+FROM millpond_outbox
+GROUP BY stream, consumer_group
+ORDER BY stream, consumer_group`)
+	s.schemaVersion = c("SELECT COALESCE(MAX(version), 0) FROM millpond_schema_migrations")
+
+	// State predicates: PostgreSQL's indexes filter on settled (see the schema).
+	// (SQLite uses its partial due index only for the index's own condition.)
+	dead, unsettled, pending := "status = 'dead_letter'", "status IN ('pending', 'processing')", "o.status IN ('pending', 'processing') AND o.status = 'pending'"
+	if d == Postgres {
+		dead, unsettled, pending = "settled AND delivered_at IS NULL", "NOT settled", "NOT o.settled AND o.status = 'pending'"
+	}
+	s.deadOfGroup = c(`SELECT id FROM millpond_outbox
+WHERE ` + dead + ` AND stream = @stream AND consumer_group = @group AND (@any_kind OR event_kind = @kind) AND id > @after
+ORDER BY id LIMIT @limit`)
+	s.unsettledOfGroup = c(`SELECT id FROM millpond_outbox
+WHERE ` + unsettled + ` AND stream = @stream AND consumer_group = @group AND id > @after
+ORDER BY id LIMIT @limit`)
+	s.pendingDefault = c(`SELECT o.id FROM millpond_outbox o
+WHERE ` + pending + ` AND o.stream = @stream AND o.consumer_group = '' AND o.id > @after
+  AND EXISTS (` + fmt.Sprintf(takersOf, "o.event_kind") + `)
+ORDER BY o.id LIMIT @limit`)
+
+	lock := func(state string) query {
+		switch d {
+		case Postgres:
+			return c("SELECT id, status, event_kind FROM millpond_outbox WHERE " + state + " AND stream = @stream AND id = ANY(@ids::BIGINT[]) ORDER BY id FOR UPDATE")
+		case MySQL:
+			return c("SELECT id, status, event_kind FROM millpond_outbox WHERE " + state + " AND stream = @stream AND id IN ({ids}) ORDER BY id FOR UPDATE")
+		default:
+			return c("SELECT id, status, event_kind FROM millpond_outbox WHERE " + state + " AND stream = @stream AND id IN ({ids}) ORDER BY id")
+		}
+	}
+	s.lockDead = lock("status = 'dead_letter'")
+	s.lockUndelivered = lock("status IN ('pending', 'processing', 'dead_letter')")
+	s.lockPending = lock("status = 'pending' AND consumer_group = ''")
+
+	copyRows := insertColsFor + `SELECT src.stream, @group, src.event_key, src.event_kind, src.payload, src.metadata, src.content_hash, 'pending', src.available_at, src.created_at
+FROM millpond_outbox src WHERE src.id `
+	switch d {
+	case Postgres:
+		s.schemaTable = c("SELECT CASE WHEN to_regclass('millpond_schema_migrations') IS NULL THEN 0 ELSE 1 END")
+		s.groupCounts = c(`SELECT COUNT(*) FILTER (WHERE status = 'pending'), COUNT(*) FILTER (WHERE status = 'processing'), COUNT(*) FILTER (WHERE status = 'dead_letter')
+FROM millpond_outbox WHERE stream = @stream AND consumer_group = @group AND (NOT settled OR delivered_at IS NULL)`)
+		s.deleteIDs = c("DELETE FROM millpond_outbox WHERE id = ANY(@ids::BIGINT[])")
+		s.copyPending = c(strings.Replace(copyRows, "@group", "@group::VARCHAR", 1) + "= ANY(@ids::BIGINT[])\nON CONFLICT (stream, event_key, consumer_group) DO NOTHING")
+	case MySQL:
+		s.schemaTable = c("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = 'millpond_schema_migrations'")
+		s.deleteIDs = c("DELETE FROM millpond_outbox WHERE id IN ({ids})")
+		s.copyPending = c(copyRows + "IN ({ids})\nON DUPLICATE KEY UPDATE millpond_outbox.id = millpond_outbox.id")
+	default:
+		s.schemaTable = c("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'millpond_schema_migrations'")
+		s.deleteIDs = c("DELETE FROM millpond_outbox WHERE id IN ({ids})")
+		s.copyPending = c(copyRows + "IN ({ids})\nON CONFLICT (stream, event_key, consumer_group) DO NOTHING")
+	}
+	if d != Postgres {
+		s.groupCounts = c(`SELECT COALESCE(SUM(CASE WHEN status = 'pending' THEN 1 ELSE 0 END), 0),
+  COALESCE(SUM(CASE WHEN status = 'processing' THEN 1 ELSE 0 END), 0),
+  COALESCE(SUM(CASE WHEN status = 'dead_letter' THEN 1 ELSE 0 END), 0)
+FROM millpond_outbox WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'processing', 'dead_letter')`)
+	}
+	return s
 }

@@ -1,0 +1,318 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/millpond/millpond/outbox"
+)
+
+const groupsListUsage = `Usage: millpond groups list [-stream S] [-json] [-db URL]
+
+List the consumer groups that are registered or hold events, per stream: whether the
+group is registered (new events of its kinds are written for it) and for which kinds,
+its backlog by state, and its last activity. A group that no running handler serves
+(a renamed or removed one) keeps a backlog and no new deliveries; retire it with
+"millpond groups unregister". The default group, where events wait that no group
+took, shows as (default). This reads the whole outbox table.
+
+With -json, a JSON array with one object per stream and group:
+  stream              the stream
+  group               the consumer group ("" is the default group)
+  registered          true when new events of its kinds are written for it
+  all_kinds           true when it is registered for every kind
+  kinds               the kinds it is registered for (array, may be empty)
+  registered_at       when it registered, RFC 3339 in UTC, or null
+  pending             events waiting for a claim, including delayed retries
+  processing          claimed events
+  dead                dead-lettered events
+  delivered           delivered events not purged yet
+  last_enqueued_at    when its newest stored event was enqueued, or null
+  last_delivered_at   when it last acknowledged an event (among rows not purged), or null
+`
+
+// groupJSON is one row of "groups list -json"; the field names are stable.
+type groupJSON struct {
+	Stream          string   `json:"stream"`
+	Group           string   `json:"group"`
+	Registered      bool     `json:"registered"`
+	AllKinds        bool     `json:"all_kinds"`
+	Kinds           []string `json:"kinds"`
+	RegisteredAt    *string  `json:"registered_at"`
+	Pending         int64    `json:"pending"`
+	Processing      int64    `json:"processing"`
+	Dead            int64    `json:"dead"`
+	Delivered       int64    `json:"delivered"`
+	LastEnqueuedAt  *string  `json:"last_enqueued_at"`
+	LastDeliveredAt *string  `json:"last_delivered_at"`
+}
+
+func cmdGroupsList(e *env, args []string) error {
+	fs := newFlagSet(e, "groups list", groupsListUsage)
+	stream := fs.String("stream", "", "list only this stream's groups")
+	asJSON := fs.Bool("json", false, "print JSON (fields above)")
+	dbFlag := addDBFlag(fs)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("groups list: unexpected argument %q", pos[0])
+	}
+	var streams []string
+	if *stream != "" {
+		if err := validateNames("groups list", *stream, ""); err != nil {
+			return err
+		}
+		streams = append(streams, *stream)
+	}
+	s, db, err := openInstalled(e, *dbFlag)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	groups, err := s.ListGroups(e.ctx, streams...)
+	if err != nil {
+		return db.fail("list groups in", err)
+	}
+	if *asJSON {
+		out := make([]groupJSON, len(groups))
+		for i, g := range groups {
+			out[i] = groupJSON{Stream: g.Stream, Group: g.Group, Registered: g.Registered, AllKinds: g.AllKinds,
+				Kinds: append([]string{}, g.Kinds...), RegisteredAt: jsonTime(g.RegisteredAt),
+				Pending: g.Pending, Processing: g.Processing, Dead: g.Dead, Delivered: g.Delivered,
+				LastEnqueuedAt: jsonTime(g.LastEnqueuedAt), LastDeliveredAt: jsonTime(g.LastDeliveredAt)}
+		}
+		return writeJSON(e.stdout, out)
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "STREAM\tGROUP\tREGISTERED\tKINDS\tPENDING\tPROCESSING\tDEAD\tDELIVERED\tLAST_ENQUEUED\tLAST_DELIVERED")
+	for _, g := range groups {
+		registered, kinds := "no", "-"
+		if g.Registered {
+			registered, kinds = "yes", strings.Join(g.Kinds, ",")
+			if g.AllKinds {
+				kinds = "*"
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", g.Stream, groupName(g.Group), registered, kinds,
+			g.Pending, g.Processing, g.Dead, g.Delivered, textTime(g.LastEnqueuedAt), textTime(g.LastDeliveredAt))
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write groups: %w", err)
+	}
+	if len(groups) == 0 {
+		fmt.Fprintln(e.stderr, "no consumer group is registered or holds events")
+	}
+	return nil
+}
+
+const groupsUnregisterUsage = `Usage: millpond groups unregister -stream S -group G [-discard] [-db URL]
+
+Retire a consumer group, typically of a renamed or removed handler: remove its
+registration so that no event is written for it any more. Refused (exit 1) while the
+group has pending or processing events, which would never be delivered: let a
+consumer drain them first, or add -discard to delete the group's undelivered events
+(pending, processing and dead-lettered) for good. Without -discard its dead letters
+stay listable. Delivered rows stay until purge. Exits 3 when the group is not
+registered and has nothing to discard.
+`
+
+func cmdGroupsUnregister(e *env, args []string) error {
+	fs := newFlagSet(e, "groups unregister", groupsUnregisterUsage)
+	stream := fs.String("stream", "", "stream of the group (required)")
+	group := fs.String("group", "", "consumer group to retire (required)")
+	discard := fs.Bool("discard", false, "also delete the group's pending, processing and dead-lettered events")
+	dbFlag := addDBFlag(fs)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	switch {
+	case len(pos) > 0:
+		return usagef("groups unregister: unexpected argument %q", pos[0])
+	case *stream == "":
+		return usagef("groups unregister: -stream is required")
+	case *group == "":
+		return usagef("groups unregister: -group is required (the default group is not a registration)")
+	}
+	if err := validateNames("groups unregister", *stream, *group); err != nil {
+		return err
+	}
+	s, db, err := openInstalled(e, *dbFlag)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	res, err := s.RetireGroup(e.ctx, outbox.RetireRequest{Stream: *stream, Group: *group, Discard: *discard})
+	switch {
+	case errors.Is(err, outbox.ErrGroupNotDrained):
+		also := ""
+		if res.Dead > 0 {
+			also = fmt.Sprintf(" (and its %d dead letters)", res.Dead)
+		}
+		return fmt.Errorf("groups unregister: group %s of stream %s still has %d pending and %d processing events; "+
+			"let its consumer drain them, or add -discard to delete them%s; nothing was changed",
+			*group, *stream, res.Pending, res.Processing, also)
+	case errors.Is(err, outbox.ErrGroupNotRegistered):
+		return nothingf("groups unregister: group %s is not registered for stream %s and has no undelivered events", *group, *stream)
+	case err != nil:
+		return db.fail(fmt.Sprintf("unregister group %s of stream %s in", *group, *stream), err)
+	}
+	what := fmt.Sprintf("unregistered group %s from stream %s", *group, *stream)
+	if !res.Unregistered {
+		what = fmt.Sprintf("group %s was not registered for stream %s", *group, *stream)
+	}
+	if *discard {
+		fmt.Fprintf(e.stdout, "%s; discarded %d pending, %d processing and %d dead-lettered events\n", what, res.Pending, res.Processing, res.Dead)
+		return nil
+	}
+	fmt.Fprintln(e.stdout, what)
+	if res.Dead > 0 {
+		fmt.Fprintf(e.stderr, "its %d dead-lettered events stay: list them with \"millpond dead list -stream %s -group %s\", "+
+			"delete them with \"millpond dead discard -stream %s -group %s -all\"\n", res.Dead, *stream, *group, *stream, *group)
+	}
+	return nil
+}
+
+const deadDiscardUsage = `Usage: millpond dead discard -stream S ID... [-db URL]
+       millpond dead discard -stream S [-group G] -kind K [-db URL]
+       millpond dead discard -stream S [-group G] -all [-db URL]
+
+Delete dead-lettered events for good: by id (in any group of the stream), or the
+dead letters of one consumer group (default: the default group) of one kind or all
+of them. Events that are not dead letters are left alone. Exits 3 when nothing
+matched.
+`
+
+func cmdDeadDiscard(e *env, args []string) error {
+	fs := newFlagSet(e, "dead discard", deadDiscardUsage)
+	stream := fs.String("stream", "", "stream of the events (required)")
+	group := fs.String("group", "", "consumer group, with -kind or -all (default: the default group)")
+	kind := fs.String("kind", "", "discard the group's dead letters of this kind")
+	all := fs.Bool("all", false, "discard every dead letter of the group")
+	dbFlag := addDBFlag(fs)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	given := 0
+	for _, b := range []bool{len(pos) > 0, *kind != "", *all} {
+		if b {
+			given++
+		}
+	}
+	groupSet := false
+	fs.Visit(func(f *flag.Flag) { groupSet = groupSet || f.Name == "group" })
+	switch {
+	case *stream == "":
+		return usagef("dead discard: -stream is required")
+	case given != 1:
+		return usagef("dead discard: give event ids, -kind K or -all (exactly one)")
+	case len(pos) > 0 && groupSet:
+		return usagef("dead discard: -group goes with -kind or -all; ids select events of every group")
+	}
+	var ids []int64
+	if len(pos) > 0 {
+		if ids, err = parseIDs("dead discard", pos); err != nil {
+			return err
+		}
+	}
+	if err := validateNames("dead discard", *stream, *group); err != nil {
+		return err
+	}
+	sel := outbox.DeadSelector{Stream: *stream, Group: *group, Kind: *kind, All: *all}
+	if err := sel.Validate(); err != nil && len(ids) == 0 {
+		return usagef("dead discard: %v", err)
+	}
+	s, db, err := openInstalled(e, *dbFlag)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	var total int64
+	discard := func(sel outbox.DeadSelector) error {
+		n, err := s.DiscardDead(e.ctx, sel)
+		total += n
+		if err != nil {
+			if errors.Is(err, outbox.ErrInvalidKey) {
+				return usagef("dead discard: %v", err)
+			}
+			return db.fail(fmt.Sprintf("discard (%d discarded before the error) in", total), err)
+		}
+		return nil
+	}
+	if len(ids) > 0 {
+		for start := 0; start < len(ids); start += outbox.MaxBatch {
+			if err := discard(outbox.DeadSelector{Stream: *stream, IDs: ids[start:min(start+outbox.MaxBatch, len(ids))]}); err != nil {
+				return err
+			}
+		}
+		fmt.Fprintf(e.stdout, "discarded %d of %d events\n", total, len(ids))
+		if total == 0 {
+			return nothingf("dead discard: none of the ids is a dead-lettered event of stream %s", *stream)
+		}
+		if total < int64(len(ids)) {
+			fmt.Fprintf(e.stderr, "%d ids were not dead-lettered events of stream %s, and were left alone\n", int64(len(ids))-total, *stream)
+		}
+		return nil
+	}
+	if err := discard(sel); err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "discarded %d dead-lettered events\n", total)
+	if total == 0 {
+		what := "any kind"
+		if *kind != "" {
+			what = "kind " + *kind
+		}
+		return nothingf("dead discard: group %s of stream %s has no dead letters of %s", groupName(*group), *stream, what)
+	}
+	return nil
+}
+
+const pendingRerouteUsage = `Usage: millpond pending reroute -stream S [-db URL]
+
+Move the pending events of a stream's default group (events that no consumer group
+took when they were enqueued, kept there before any consumer existed or by the bus's
+UnroutedKeep policy) to the groups that take their kind now: the groups registered
+for the stream for the event's kind or for every kind, as "dead reroute" chooses
+them. Each moved event keeps its due time and starts with fresh attempts. Events of
+kinds no group takes, and claimed ones, stay. Exits 3 when nothing moved.
+`
+
+func cmdPendingReroute(e *env, args []string) error {
+	fs := newFlagSet(e, "pending reroute", pendingRerouteUsage)
+	stream := fs.String("stream", "", "stream of the events (required)")
+	dbFlag := addDBFlag(fs)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	switch {
+	case len(pos) > 0:
+		return usagef("pending reroute: unexpected argument %q", pos[0])
+	case *stream == "":
+		return usagef("pending reroute: -stream is required")
+	}
+	if err := validateNames("pending reroute", *stream, ""); err != nil {
+		return err
+	}
+	s, db, err := openInstalled(e, *dbFlag)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	n, err := s.ReroutePending(e.ctx, *stream)
+	if err != nil {
+		return db.fail(fmt.Sprintf("reroute pending events (%d moved before the error) in", n), err)
+	}
+	fmt.Fprintf(e.stdout, "moved %d pending events of the default group of stream %s\n", n, *stream)
+	if n == 0 {
+		return nothingf("pending reroute: no pending event of the default group of stream %s has a kind that a group takes now", *stream)
+	}
+	return nil
+}
