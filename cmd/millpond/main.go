@@ -1,6 +1,7 @@
 // Command millpond administers a millpond outbox database: it installs or
 // removes the schema, shows backlog statistics, lists and requeues
-// dead-lettered events, and purges delivered events past their retention.
+// dead-lettered events, purges delivered events past their retention, and
+// serves the admin web UI (package admin).
 //
 // Usage:
 //
@@ -12,6 +13,7 @@
 //	millpond dead requeue -stream S ID...
 //	millpond dead reroute -stream S ID...
 //	millpond purge -older-than 168h [-limit N]
+//	millpond ui [-addr 127.0.0.1:8081] [-read-only] [-prefix /path]
 //
 // The database comes from -db (before or after the command) or from the
 // MILLPOND_DATABASE_URL environment variable: postgres://, mysql://,
@@ -62,6 +64,7 @@ Commands:
   dead requeue -stream S ID...          make dead-lettered events pending again, attempts reset
   dead reroute -stream S ID...          move unrouted dead letters to the groups that take their kind now
   purge -older-than D [-limit N]        delete events delivered more than D ago (e.g. 168h)
+  ui [-addr 127.0.0.1:8081] [-read-only] serve the admin web UI (loopback by default)
 
 The database is -db URL or $` + EnvDatabaseURL + `:
   postgres://user:pass@host:5432/db?sslmode=disable
@@ -163,6 +166,8 @@ func dispatch(e *env, args []string) error {
 		}
 	case "purge":
 		return cmdPurge(e, rest)
+	case "ui":
+		return cmdUI(e, rest)
 	default:
 		return usagef("unknown command %q", cmd)
 	}
