@@ -18,7 +18,6 @@
     var toggle = document.getElementById("refresh-toggle");
     var paused = false;
     var timer = null;
-    var last = grid.innerHTML;
 
     function schedule() {
       if (!paused) { timer = window.setTimeout(refresh, ms); }
@@ -65,7 +64,6 @@
         if (paused) { window.clearTimeout(timer); } else { refresh(); }
       });
     }
-    void last;
     schedule();
   }
 
