@@ -2,7 +2,8 @@
 // removes the schema, shows backlog statistics, lists, requeues, reroutes
 // and discards dead-lettered events, lists and retires consumer groups,
 // moves waiting events of the default group to the groups that take them
-// now, and purges delivered events past their retention.
+// now, purges delivered events past their retention, and serves the admin
+// web UI (package admin).
 //
 // Usage:
 //
@@ -18,13 +19,14 @@
 //	millpond groups unregister -stream S -group G [-discard]
 //	millpond pending reroute -stream S
 //	millpond purge -older-than 168h [-limit N]
+//	millpond ui [-addr 127.0.0.1:8081] [-read-only] [-prefix /path]
 //
 // Every command and command group takes -h. The database comes from -db
 // (before or after the command) or from the MILLPOND_DATABASE_URL
 // environment variable: postgres://, mysql://, sqlite:path or a PostgreSQL
 // key=value string. Passwords, event keys and payloads are never printed.
-// The exit code is 0 on success, 1 when the command failed, 2 for a usage error and 3 when a
-// command that changes events or groups matched none.
+// The exit code is 0 on success, 1 when the command failed, 2 for a usage
+// error and 3 when a command that changes events or groups matched none.
 package main
 
 import (
@@ -80,6 +82,7 @@ Commands:
                                         retire a group (refused while it has pending or processing events)
   pending reroute -stream S             move pending events of the default group to the groups that take their kind now
   purge -older-than D [-limit N]        delete events delivered more than D ago (e.g. 168h)
+  ui [-addr 127.0.0.1:8081] [-read-only] serve the admin web UI (loopback by default)
 
 The database is -db URL or $` + EnvDatabaseURL + `:
   postgres://user:pass@host:5432/db?sslmode=disable
@@ -224,6 +227,8 @@ func dispatch(e *env, args []string) error {
 		})
 	case "purge":
 		return cmdPurge(e, rest)
+	case "ui":
+		return cmdUI(e, rest)
 	default:
 		return usagef("unknown command %q", cmd)
 	}

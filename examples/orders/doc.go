@@ -25,6 +25,9 @@
 //	-lease ORDERS_LEASE          outbox lease of each handler's claims
 //	                             (default 30s, 1s-1h); a short lease makes a
 //	                             crashed process's events come back sooner
+//	-admin-actions ORDERS_ADMIN_ACTIONS=1
+//	                             let the admin UI at /admin/ requeue and
+//	                             reroute dead letters (default: read-only)
 //
 // For example, on the local PostgreSQL or MariaDB server:
 //
@@ -58,7 +61,11 @@
 // input gets 400 with the reason. GET /orders/{id} returns the order with
 // status, reserved and notified from the read model. GET /healthz, GET
 // /stock and GET /stats (undelivered outbox rows per stream and group) help
-// operate it.
+// operate it, and so does millpond's admin UI at http://localhost:8080/admin/
+// (package admin): the backlog per stream and group, dead letters and their
+// payloads, event lookup. It is read-only unless -admin-actions is given, and
+// it answers requests from the machine itself only (a real service would
+// authenticate its operators in admin.Options.Authorize).
 //
 // Handlers, each its own consumer group on stream "orders":
 //

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -15,7 +16,9 @@ import (
 
 	"go.uber.org/fx"
 	"go.uber.org/zap"
+	"go.uber.org/zap/exp/zapslog"
 
+	"github.com/millpond/millpond/admin"
 	"github.com/millpond/millpond/bus"
 	"github.com/millpond/millpond/outbox"
 )
@@ -33,6 +36,7 @@ type api struct {
 	domain *Domain
 	store  *outbox.Store
 	log    *zap.Logger
+	admin  http.Handler // millpond's admin UI, at /admin/
 }
 
 func (a *api) routes() http.Handler {
@@ -42,6 +46,7 @@ func (a *api) routes() http.Handler {
 	mux.HandleFunc("GET /stock", a.stock)
 	mux.HandleFunc("GET /stats", a.stats)
 	mux.HandleFunc("GET /healthz", a.healthz)
+	mux.Handle("/admin/", a.admin)
 	return mux
 }
 
@@ -178,6 +183,28 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, map[string]string{"error": msg})
 }
 
+// newAdmin mounts millpond's admin UI at /admin/: read-only unless
+// actions is set, and answering only requests from the machine itself (the
+// service listens on every interface). A real service authenticates its
+// operators in Authorize instead.
+func newAdmin(store *outbox.Store, actions bool, log *zap.Logger) (http.Handler, error) {
+	return admin.Handler(store, admin.Options{
+		Prefix:    "/admin",
+		ReadOnly:  !actions,
+		Authorize: loopbackOnly,
+		Logger:    slog.New(zapslog.NewHandler(log.Core(), zapslog.WithName("admin"))),
+	})
+}
+
+// loopbackOnly refuses requests that do not come from a loopback address.
+func loopbackOnly(r *http.Request) error {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
+		return errors.New("the admin UI answers local requests only")
+	}
+	return nil
+}
+
 // httpParams are the HTTP server's dependencies. The Bus is among them so
 // that its start hook (which registers the handlers' consumer groups) runs
 // before the server accepts the first order.
@@ -193,9 +220,13 @@ type httpParams struct {
 }
 
 // newHTTPServer returns the HTTP server, listening from start to stop.
-func newHTTPServer(p httpParams) *http.Server {
+func newHTTPServer(p httpParams) (*http.Server, error) {
 	log := p.Logger.Named("http")
-	a := &api{domain: p.Domain, store: p.Store, log: log}
+	adminUI, err := newAdmin(p.Store, p.Config.AdminActions, p.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("orders: admin UI: %w", err)
+	}
+	a := &api{domain: p.Domain, store: p.Store, log: log, admin: adminUI}
 	srv := &http.Server{
 		Addr:              p.Config.Addr,
 		Handler:           a.routes(),
@@ -224,5 +255,5 @@ func newHTTPServer(p httpParams) *http.Server {
 			return nil
 		},
 	})
-	return srv
+	return srv, nil
 }

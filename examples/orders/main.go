@@ -28,6 +28,9 @@ type config struct {
 	Lease time.Duration
 	// HandlerDelay makes every handler sleep before its work (tests only).
 	HandlerDelay time.Duration
+	// AdminActions turns on the admin UI's actions (requeue, reroute);
+	// without it /admin/ is read-only.
+	AdminActions bool
 }
 
 // Environment variables read as flag defaults.
@@ -40,6 +43,7 @@ const (
 	defaultDatabaseURL = "sqlite:orders.db"
 	envLease           = "ORDERS_LEASE"
 	envHandlerDelay    = "ORDERS_HANDLER_DELAY"
+	envAdminActions    = "ORDERS_ADMIN_ACTIONS"
 )
 
 // parseConfig reads flags over environment variables over defaults.
@@ -77,6 +81,8 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.StringVar(&cfg.DatabaseURL, "db", or(envDatabaseURL, defaultDatabaseURL),
 		"database: sqlite:path, a postgres:// or mysql:// URL, or a PostgreSQL key=value string (env "+envDatabaseURL+")")
 	fs.DurationVar(&cfg.Lease, "lease", lease, "outbox lease of each handler's claims, 1s-1h (env "+envLease+")")
+	fs.BoolVar(&cfg.AdminActions, "admin-actions", getenv(envAdminActions) == "1",
+		"allow the admin UI at /admin/ to requeue and reroute dead letters; it is read-only without (env "+envAdminActions+"=1)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}

@@ -817,7 +817,7 @@ func (c *Core) Stats(ctx context.Context) ([]StreamStats, error) {
 	for rows.Next() {
 		var s StreamStats
 		var oldest, now int64
-		if err := rows.Scan(&s.Stream, &s.Group, &s.Pending, &s.Processing, &s.Dead, &oldest, &now); err != nil {
+		if err := rows.Scan(&s.Stream, &s.Group, &s.Pending, &s.Processing, &s.Dead, &s.Retrying, &oldest, &now); err != nil {
 			return nil, err
 		}
 		if oldest > 0 && now > oldest {

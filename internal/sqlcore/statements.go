@@ -66,6 +66,7 @@ ORDER BY id LIMIT @limit`)
   SUM(CASE WHEN status = 'pending' THEN 1 ELSE 0 END),
   SUM(CASE WHEN status = 'processing' THEN 1 ELSE 0 END),
   SUM(CASE WHEN status = 'dead_letter' THEN 1 ELSE 0 END),
+  SUM(CASE WHEN status = 'pending' AND attempts > 0 THEN 1 ELSE 0 END),
   COALESCE(MIN(CASE WHEN status IN ('pending', 'processing') THEN created_at END), 0),
   MAX(@now)
 FROM millpond_outbox

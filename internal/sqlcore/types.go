@@ -277,6 +277,9 @@ type StreamStats struct {
 	Processing int64
 	// Dead counts dead-lettered events.
 	Dead int64
+	// Retrying counts the pending events that failed at least once and wait
+	// for another attempt (included in Pending).
+	Retrying int64
 	// OldestPendingAge is the age of the oldest pending or processing event,
 	// zero when there is none.
 	OldestPendingAge time.Duration

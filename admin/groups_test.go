@@ -1,0 +1,80 @@
+package admin_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/millpond/millpond/admin"
+	"github.com/millpond/millpond/outbox"
+)
+
+// TestGroupsAndDiscard: the groups page lists every group with its
+// registration and backlog; unregistering is refused while a group has
+// pending or processing events, done with its events discarded after a
+// confirmation; a dead letter is discarded after a confirmation. Read-only
+// mode renders neither action.
+func TestGroupsAndDiscard(t *testing.T) {
+	f := newFixture(t, "sqlite")
+	srv := f.serve(admin.Options{})
+	c := newClient(t)
+
+	_, body, _ := get(t, c, srv.URL+"/groups")
+	for _, want := range []string{`data-stream="orders" data-group="billing"`, `data-stream="orders" data-group="shipping"`,
+		`data-stream="audit" data-group=""`, "Unregister<span class=\"visually-hidden\"> group shipping of stream orders"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the groups page lacks %q", want)
+		}
+	}
+	if strings.Contains(body, "not available in this version") {
+		t.Error("the groups page says group listing is not available")
+	}
+
+	tok := token(t, c, srv.URL+"/groups")
+	form := url.Values{"csrf_token": {tok}, "stream": {"orders"}, "group": {"shipping"}}
+	if status, body := post(t, c, srv.URL+"/groups/confirm", form, nil); status != http.StatusOK || !strings.Contains(body, "shipping") {
+		t.Fatalf("confirm unregister: %d\n%s", status, body)
+	}
+	if status, body := post(t, c, srv.URL+"/groups/apply", form, nil); status != http.StatusConflict || !strings.Contains(body, "2 pending") {
+		t.Fatalf("unregister a group with a backlog: %d, want 409 naming its pending event\n%s", status, body)
+	}
+	regs, err := f.store.RegisteredGroups(t.Context(), "orders")
+	if err != nil || len(regs) != 2 {
+		t.Fatalf("a refused unregister changed the registrations: %v, %v", regs, err)
+	}
+	form.Set("discard", "1")
+	if status, body := post(t, c, srv.URL+"/groups/apply", form, nil); status != http.StatusOK || !strings.Contains(body, "Unregistered the group shipping") {
+		t.Fatalf("unregister with discard: %d\n%s", status, body)
+	}
+	if regs, _ := f.store.RegisteredGroups(t.Context(), "orders"); len(regs) != 1 || regs[0].Group != "billing" {
+		t.Fatalf("after unregistering shipping: %v", regs)
+	}
+	if rows, _ := f.store.FindEvents(t.Context(), outbox.EventQuery{ID: f.deadShipping}); len(rows) != 0 {
+		t.Fatalf("the discarded group's dead letter is still stored: %v", rows)
+	}
+
+	// Discard one dead letter: confirmation first, which changes nothing.
+	sel := url.Values{"csrf_token": {tok}, "do": {"discard:selected"}, "sel": {fmt.Sprintf("audit|%d", f.deadDefault)}}
+	if status, body := post(t, c, srv.URL+"/dead/confirm", sel, nil); status != http.StatusOK || !strings.Contains(body, "Discard 1 dead letter") {
+		t.Fatalf("confirm discard: %d\n%s", status, body)
+	}
+	if got := f.status(f.deadDefault); got != outbox.StatusDead {
+		t.Fatalf("the confirmation discarded: %s", got)
+	}
+	if status, body := post(t, c, srv.URL+"/dead/apply", sel, nil); status != http.StatusOK || !strings.Contains(strings.ToLower(body), "discarded 1 of 1") {
+		t.Fatalf("apply discard: %d\n%s", status, body)
+	}
+	if rows, _ := f.store.FindEvents(t.Context(), outbox.EventQuery{ID: f.deadDefault}); len(rows) != 0 {
+		t.Fatalf("the discarded dead letter is still stored: %v", rows)
+	}
+
+	readOnly := f.serve(admin.Options{ReadOnly: true})
+	for _, path := range []string{"/groups", "/dead?stream=audit"} {
+		_, body, _ := get(t, c, readOnly.URL+path)
+		if strings.Contains(body, "Unregister") || strings.Contains(body, "Discard") {
+			t.Errorf("read-only %s renders an action", path)
+		}
+	}
+}

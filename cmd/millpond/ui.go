@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/millpond/millpond/admin"
+)
+
+// defaultUIAddr keeps the admin UI on the loopback interface unless the
+// operator asks for another address.
+const defaultUIAddr = "127.0.0.1:8081"
+
+const uiUsage = `Usage: millpond ui [-addr 127.0.0.1:8081] [-read-only] [-prefix /path] [-db URL]
+
+Serve the admin web UI: the backlog per stream and consumer group, dead
+letters with their details, event lookup, and requeue or reroute after a
+confirmation (hidden and refused with -read-only). It has no login: keep it
+on a loopback address (the default) or behind an authenticating proxy.
+Stop it with Ctrl-C.
+`
+
+func cmdUI(e *env, args []string) error {
+	fs := newFlagSet(e, "ui", uiUsage)
+	addr := fs.String("addr", defaultUIAddr, "listen address")
+	readOnly := fs.Bool("read-only", false, "hide and refuse every action (requeue, reroute)")
+	prefix := fs.String("prefix", "", "path prefix to serve under, such as /admin (default: the root)")
+	dbFlag := addDBFlag(fs)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("ui: unexpected argument %q", pos[0])
+	}
+	s, db, err := open(e, *dbFlag)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	logger := slog.New(slog.NewTextHandler(e.stderr, nil))
+	h, err := admin.Handler(s, admin.Options{ReadOnly: *readOnly, Prefix: *prefix, Logger: logger})
+	if err != nil {
+		return usagef("ui: %v", err)
+	}
+	base := strings.TrimSuffix(*prefix, "/")
+	mux := http.NewServeMux()
+	mux.Handle(base+"/", h)
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return fmt.Errorf("ui: listen on %s: %w", *addr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
+	mode := "read-write"
+	if *readOnly {
+		mode = "read-only"
+	}
+	fmt.Fprintf(e.stdout, "admin UI (%s) for %s at http://%s%s/\n", mode, db.shown, ln.Addr(), base)
+	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && !tcp.IP.IsLoopback() {
+		fmt.Fprintf(e.stderr, "warning: %s is not a loopback address and the admin UI has no login: "+
+			"anyone who reaches it can read events' payloads (and, without -read-only, requeue dead letters)\n", ln.Addr())
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	select {
+	case err := <-done:
+		return fmt.Errorf("ui: %w", err)
+	case <-e.ctx.Done():
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("ui: shut down: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/millpond/millpond/internal/testdb"
+)
+
+// lockedBuffer is an io.Writer safe to read while the command writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func TestUIHelp(t *testing.T) {
+	code, _, stderr := cli(t, nil, "ui", "-h")
+	if code != exitOK || !strings.Contains(stderr, "Usage: millpond ui") || !strings.Contains(stderr, "-read-only") ||
+		!strings.Contains(stderr, defaultUIAddr) {
+		t.Fatalf("ui -h: %d\n%s", code, stderr)
+	}
+	if code, _, _ := cli(t, nil, "ui", "extra"); code != exitUsage {
+		t.Fatalf("ui with an argument: %d", code)
+	}
+}
+
+var servingRE = regexp.MustCompile(`at (http://\S+/)\n`)
+
+// TestUIServes runs "millpond ui" on PostgreSQL with a password in the
+// address: it serves the overview under the prefix, read-only, never prints
+// the password, and stops when its context ends.
+func TestUIServes(t *testing.T) {
+	db := testdb.New(t, "postgres")
+	db.Store(t) // migrated
+	u, err := url.Parse(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const password = "ui-s3cret-pw" // the test server trusts local connections and ignores it
+	u.User = url.UserPassword(u.User.Username(), password)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr lockedBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"-db", u.String(), "ui", "-addr", "127.0.0.1:0", "-read-only", "-prefix", "/admin"},
+			&stdout, &stderr, func(string) string { return "" })
+	}()
+	var base string
+	for deadline := time.Now().Add(20 * time.Second); base == ""; {
+		if m := servingRE.FindStringSubmatch(stdout.String()); m != nil {
+			base = m[1]
+		} else if time.Now().After(deadline) {
+			t.Fatalf("ui did not start:\n%s\n%s", stdout.String(), stderr.String())
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("ui exited with %d:\n%s\n%s", code, stdout.String(), stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if !strings.HasPrefix(base, "http://127.0.0.1:") || !strings.HasSuffix(base, "/admin/") {
+		t.Fatalf("serving at %q", base)
+	}
+	resp, err := http.Get(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "Read-only") ||
+		resp.Header.Get("Content-Security-Policy") == "" {
+		t.Fatalf("GET %s: %d\n%s", base, resp.StatusCode, body)
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != exitOK {
+			t.Fatalf("ui exited with %d: %s", code, stderr.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("ui did not stop")
+	}
+	for _, out := range []string{stdout.String(), stderr.String(), string(body)} {
+		if strings.Contains(out, password) {
+			t.Fatalf("the password was printed: %s", out)
+		}
+	}
+	if strings.Contains(stderr.String(), "warning") {
+		t.Errorf("a loopback address drew a warning: %s", stderr.String())
+	}
+}
