@@ -15,9 +15,9 @@ func init() {
 	register(systemInfo{
 		name:     "raw",
 		label:    "raw SQL lease-claim loop",
-		notes:    "one row per claim (PostgreSQL: UPDATE ... WHERE id = (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING; MySQL: SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1 then UPDATE in one transaction; SQLite: UPDATE ... WHERE id = (SELECT ... LIMIT 1) RETURNING), separate ack UPDATE, 30 s lease, 50 ms idle poll",
+		notes:    "one row per claim (PostgreSQL: UPDATE ... WHERE id = (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING; SQLite: UPDATE ... WHERE id = (SELECT ... LIMIT 1) RETURNING), separate ack UPDATE, 30 s lease, 50 ms idle poll",
 		order:    10,
-		dialects: allDialects,
+		dialects: []string{dialectPostgres, dialectSQLite},
 		new:      func(o Options) System { return &rawSystem{workers: o.Workers} },
 	})
 }
@@ -52,19 +52,6 @@ func (s *rawSystem) Setup(ctx context.Context, db *database) error {
 			created_at   timestamptz NOT NULL DEFAULT now(),
 			done_at      timestamptz
 		)`, `CREATE INDEX raw_queue_undone ON raw_queue (id) WHERE status <> 'done'`)
-	case dialectMySQL:
-		// No partial indexes: the claim walks the primary key.
-		return db.execAll(ctx, `DROP TABLE IF EXISTS raw_queue`, `
-		CREATE TABLE raw_queue (
-			id           BIGINT AUTO_INCREMENT PRIMARY KEY,
-			payload      BLOB NOT NULL,
-			status       VARCHAR(16) NOT NULL DEFAULT 'pending',
-			locked_until BIGINT NOT NULL DEFAULT 0,
-			attempts     INT NOT NULL DEFAULT 0,
-			created_at   TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
-			done_at      BIGINT NULL,
-			KEY raw_queue_status (status, id)
-		) ENGINE=InnoDB`)
 	default:
 		return db.execAll(ctx, `DROP TABLE IF EXISTS raw_queue`, `
 		CREATE TABLE raw_queue (
@@ -145,25 +132,6 @@ func (s *rawSystem) claim(ctx context.Context) (id int64, payload []byte, err er
 				LIMIT 1
 				FOR UPDATE SKIP LOCKED)
 			RETURNING id, payload`, rawLease).Scan(&id, &payload)
-	case dialectMySQL:
-		// MySQL cannot UPDATE a table it reads in a subquery: a locking
-		// read, then the update, in one transaction.
-		tx, err := s.db.db.BeginTx(ctx, nil)
-		if err != nil {
-			return 0, nil, err
-		}
-		defer func() { _ = tx.Rollback() }()
-		err = tx.QueryRowContext(ctx, `SELECT id, payload FROM raw_queue
-			WHERE status IN ('pending', 'leased') AND locked_until < ?
-			ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED`, now).Scan(&id, &payload)
-		if err != nil {
-			return 0, nil, err
-		}
-		if _, err := tx.ExecContext(ctx, `UPDATE raw_queue SET status = 'leased', locked_until = ?, attempts = attempts + 1 WHERE id = ?`,
-			now+rawLease.Microseconds(), id); err != nil {
-			return 0, nil, err
-		}
-		return id, payload, tx.Commit()
 	default:
 		// SQLite has one writer: no locking read needed.
 		err = s.db.db.QueryRowContext(ctx, `
