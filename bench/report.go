@@ -204,7 +204,7 @@ func (r report) markdown() string {
 			fmt.Fprintf(&b, " enqueue %.2fx;", res.enqueueCost)
 		}
 		if res.deliverRate > 0 {
-			fmt.Fprintf(&b, " deliver %.0f ev/s;", res.deliverRate)
+			fmt.Fprintf(&b, " deliver %.0f ev/s (first event after %s ms);", res.deliverRate, ms(res.firstHandled))
 		}
 		if len(res.latencies) > 0 {
 			fmt.Fprintf(&b, " p50/p99 %s/%s ms", ms(percentile(res.latencies, 50)), ms(percentile(res.latencies, 99)))

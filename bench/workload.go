@@ -216,6 +216,18 @@ func (t *tracker) lastFirstSeen(first int64, n int) time.Duration {
 	return time.Duration(last)
 }
 
+// firstFirstSeen returns the earliest first-handled time among events
+// first..first+n-1, as a duration since the epoch (0 if none was handled).
+func (t *tracker) firstFirstSeen(first int64, n int) time.Duration {
+	var early int64
+	for i := first - 1; i < first-1+int64(n); i++ {
+		if v := t.firstSeen[i].Load(); v > 0 && (early == 0 || v < early) {
+			early = v
+		}
+	}
+	return time.Duration(early)
+}
+
 // latencies returns commit-to-handle latencies of the events
 // first..first+n-1 that were both committed and handled, sorted.
 func (t *tracker) latencies(first int64, n int) []time.Duration {
