@@ -1,8 +1,6 @@
 package main
 
 import (
-	"github.com/millpond/millpond/outbox/postgres"
-
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -11,10 +9,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millpond/millpond/outbox"
+	"github.com/millpond/millpond/outbox/postgres"
 )
 
 // The enqueue breakdown writes the same event into millpond's table with
@@ -60,8 +57,8 @@ const breakdownRounds = 7
 
 // runBreakdown measures every breakdown step against the raw INSERT and
 // prints (and optionally writes) a markdown table.
-func runBreakdown(ctx context.Context, pool *pgxpool.Pool, cfg config, env string) error {
-	store, err := postgres.New(pool)
+func runBreakdown(ctx context.Context, db *database, cfg config, env string) error {
+	store, err := postgres.New(db.pool)
 	if err != nil {
 		return err
 	}
@@ -79,19 +76,19 @@ func runBreakdown(ctx context.Context, pool *pgxpool.Pool, cfg config, env strin
 	var results []measured
 	for _, step := range breakdownSteps {
 		enqueue := breakdownEnqueue(store, step)
-		if _, err := pool.Exec(ctx, `TRUNCATE millpond_outbox, millpond_subscriptions, bench_orders`); err != nil {
+		if err := db.truncate(ctx, "millpond_outbox", "millpond_subscriptions", "bench_orders"); err != nil {
 			return err
 		}
 		m := measured{step: step}
 		for round := range breakdownRounds {
-			baseRate, err := measureBaseline(ctx, pool, cfg.producers, slice)
+			baseRate, err := measureBaseline(ctx, db, cfg.producers, slice)
 			if err != nil {
 				return fmt.Errorf("breakdown: baseline: %w", err)
 			}
-			if _, err := pool.Exec(ctx, `CHECKPOINT`); err != nil {
+			if err := db.checkpoint(ctx); err != nil {
 				return err
 			}
-			elapsed, err := runProducers(ctx, pool, cfg.producers, enqueue, int64(round*slice+1), slice, nil, nil)
+			elapsed, err := runProducers(ctx, db, cfg.producers, enqueue, int64(round*slice+1), slice, nil, nil)
 			if err != nil {
 				return fmt.Errorf("breakdown: %s: %w", step.name, err)
 			}
@@ -122,14 +119,14 @@ func runBreakdown(ctx context.Context, pool *pgxpool.Pool, cfg config, env strin
 // breakdownEnqueue returns the enqueue function of one step.
 func breakdownEnqueue(store *outbox.Store, step breakdownStep) enqueueFunc {
 	if step.query == "" {
-		return func(ctx context.Context, tx pgx.Tx, payload []byte) error {
-			_, err := store.Enqueue(ctx, outbox.PgxTx(tx), outbox.Event{Stream: millpondStream, Key: uuid.NewString(), Kind: "bench_event", Payload: payload})
+		return func(ctx context.Context, tx *benchTx, payload []byte) error {
+			_, err := store.Enqueue(ctx, tx.outbox(), outbox.Event{Stream: millpondStream, Key: uuid.NewString(), Kind: "bench_event", Payload: payload})
 			return err
 		}
 	}
-	return func(ctx context.Context, tx pgx.Tx, payload []byte) error {
+	return func(ctx context.Context, tx *benchTx, payload []byte) error {
 		hash := sha256.Sum256(payload)
-		rows, err := tx.Query(ctx, step.query, millpondStream, uuid.NewString(), "bench_event", payload, "{}", hash[:], time.Now().UnixMicro())
+		rows, err := tx.pgx.Query(ctx, step.query, millpondStream, uuid.NewString(), "bench_event", payload, "{}", hash[:], time.Now().UnixMicro())
 		if err != nil {
 			return err
 		}

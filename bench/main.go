@@ -1,11 +1,14 @@
 // Command bench runs the same transactional-outbox workload against several
-// PostgreSQL-backed queue/outbox systems in one run and prints a markdown
-// table of enqueue throughput, delivery throughput and delivery latency,
-// with ratios against baselines measured in the same run.
+// queue/outbox systems on one database (PostgreSQL, MySQL/MariaDB or SQLite)
+// in one run and prints a markdown report of enqueue cost, delivery
+// throughput, commit-to-handler latency and fan-out storage, with ratios
+// against baselines measured in the same run and the project's targets.
 //
 // Usage:
 //
-//	go run . -events 20000 -out results.md
+//	go run . -events 20000 -out results-postgres.md
+//	go run . -db mysql://root@127.0.0.1:3306/test -out results-mysql.md
+//	go run . -db sqlite:bench.db -out results-sqlite.md
 //	go run . -enqueue-breakdown -events 28000 -out enqueue-breakdown.md
 package main
 
@@ -15,14 +18,12 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"runtime"
 	"runtime/pprof"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // config holds the command-line settings.
@@ -38,20 +39,27 @@ type config struct {
 	out            string
 	phaseTimeout   time.Duration
 	breakdown      bool
+	fanoutEvents   int
+	fanoutRuns     int
+	dialect        string
 }
 
 func main() {
 	var cfg config
 	var systems string
-	flag.StringVar(&cfg.dsn, "dsn", "postgres://postgres@127.0.0.1:5432/millpond_bench?sslmode=disable",
-		"PostgreSQL connection string; the database is created if missing (via the \"test\" database)")
+	const defaultDB = "postgres://postgres@127.0.0.1:5432/millpond_bench?sslmode=disable"
+	flag.StringVar(&cfg.dsn, "db", defaultDB,
+		"database: postgres://… (created if missing, via the \"test\" database), mysql://… or sqlite:path")
+	flag.StringVar(&cfg.dsn, "dsn", defaultDB, "same as -db")
 	flag.IntVar(&cfg.events, "events", 20000, "events to enqueue and then deliver in the throughput phases")
 	flag.IntVar(&cfg.producers, "producers", 8, "concurrent producer transactions")
 	flag.IntVar(&cfg.workers, "workers", 8, "concurrent consumers per system")
 	flag.IntVar(&cfg.rate, "rate", 200, "events per second offered in the latency phase")
 	flag.IntVar(&cfg.latencySeconds, "latency-seconds", 10, "duration of the latency phase")
-	flag.StringVar(&systems, "systems", strings.Join(defaultSystems(), ","),
-		"comma-separated systems to run; known: "+strings.Join(registeredNames(), ", "))
+	flag.StringVar(&systems, "systems", "",
+		"comma-separated systems to run, a system named several times runs several times (default: every system of the dialect but the extra variants); known: "+strings.Join(registeredNames(), ", "))
+	flag.IntVar(&cfg.fanoutEvents, "fanout-events", 5000, "events per fan-out measurement (0 skips the fan-out section)")
+	flag.IntVar(&cfg.fanoutRuns, "fanout-runs", 2, "fan-out delivery runs per system (interleaved)")
 	flag.IntVar(&cfg.prefill, "prefill", 0, "already-delivered rows to put in each system's table before measuring")
 	flag.StringVar(&cfg.out, "out", "", "also write the markdown report to this file")
 	flag.DurationVar(&cfg.phaseTimeout, "phase-timeout", 5*time.Minute, "give up on a delivery or latency phase after this long")
@@ -71,6 +79,15 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	dialect, err := dialectOf(cfg.dsn)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	cfg.dialect = dialect
+	if systems == "" {
+		systems = strings.Join(defaultSystems(dialect), ",")
+	}
 	for _, s := range strings.Split(systems, ",") {
 		if s = strings.TrimSpace(s); s != "" {
 			cfg.systems = append(cfg.systems, s)
@@ -89,12 +106,12 @@ func main() {
 	}
 }
 
-// defaultSystems is every registered system except the variants that only
-// duplicate another's measurement with a different knob.
-func defaultSystems() []string {
+// defaultSystems is every registered system of the dialect except the
+// variants that only duplicate another's measurement with a different knob.
+func defaultSystems(dialect string) []string {
 	var names []string
 	for _, n := range registeredNames() {
-		if n != "watermill-sql-1sub" {
+		if info := registry[n]; info.runsOn(dialect) && !info.extra {
 			names = append(names, n)
 		}
 	}
@@ -109,49 +126,45 @@ func (c config) validate() error {
 		return fmt.Errorf("no systems selected")
 	}
 	for _, s := range c.systems {
-		if _, ok := registry[s]; !ok {
+		info, ok := registry[s]
+		if !ok {
 			return fmt.Errorf("unknown system %q (known: %s)", s, strings.Join(registeredNames(), ", "))
 		}
+		if !info.runsOn(c.dialect) {
+			return fmt.Errorf("system %q does not run on %s", s, c.dialect)
+		}
+	}
+	if c.breakdown && c.dialect != dialectPostgres {
+		return fmt.Errorf("-enqueue-breakdown is implemented for PostgreSQL only")
 	}
 	return nil
 }
 
 func run(ctx context.Context, cfg config) error {
-	if err := ensureDatabase(ctx, cfg.dsn); err != nil {
-		return err
-	}
-	poolCfg, err := pgxpool.ParseConfig(cfg.dsn)
-	if err != nil {
-		return err
-	}
 	// Producers, consumers, and headroom for systems' own connections
-	// (listeners, leader election, maintenance).
-	poolCfg.MaxConns = int32(cfg.producers + 2*cfg.workers + 8)
-	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	// (listeners, leader election, maintenance, the bus's subscribers).
+	db, err := openDatabase(ctx, cfg.dsn, cfg.producers+2*cfg.workers+16)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer db.close()
 
-	env, err := describeEnvironment(ctx, pool)
+	env, err := db.describe(ctx)
 	if err != nil {
 		return err
 	}
-	if _, err := pool.Exec(ctx, `
-		DROP TABLE IF EXISTS bench_orders, bench_plain_events;
-		CREATE TABLE bench_orders (id bigserial PRIMARY KEY, payload text NOT NULL);
-		CREATE TABLE bench_plain_events (id bigserial PRIMARY KEY, payload bytea NOT NULL);`); err != nil {
+	if err := db.createBaseTables(ctx); err != nil {
 		return err
 	}
 
 	if cfg.breakdown {
-		return runBreakdown(ctx, pool, cfg, env)
+		return runBreakdown(ctx, db, cfg, env)
 	}
-	rep := report{cfg: cfg, env: env, started: time.Now()}
+	rep := report{cfg: cfg, env: env, dialect: db.dialect, started: time.Now()}
 	for _, name := range cfg.systems {
 		info := registry[name]
 		logf("%s: starting", name)
-		res := runSystem(ctx, pool, cfg, info)
+		res := runSystem(ctx, db, cfg, info)
 		if res.err != nil {
 			logf("%s: %v", name, res.err)
 		}
@@ -161,6 +174,13 @@ func run(ctx context.Context, cfg config) error {
 			return ctx.Err()
 		}
 	}
+	if cfg.fanoutEvents > 0 {
+		rep.fanout, rep.fanoutDelivery = runFanout(ctx, db, cfg)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	rep.finished = time.Now()
 
 	md := rep.markdown()
 	return emit(md, cfg.out)
@@ -185,11 +205,11 @@ const enqueueRounds = 5
 // measureBaseline returns the enqueue rate of the raw INSERT baseline for n
 // events on an empty plain table, with the same producers and transaction
 // shape as the systems' enqueue phase.
-func measureBaseline(ctx context.Context, pool *pgxpool.Pool, producers, n int) (float64, error) {
-	if err := quiesce(ctx, pool, "bench_plain_events"); err != nil {
+func measureBaseline(ctx context.Context, db *database, producers, n int) (float64, error) {
+	if err := quiesce(ctx, db, "bench_plain_events"); err != nil {
 		return 0, err
 	}
-	elapsed, err := runProducers(ctx, pool, producers, rawInsertEnqueue, 1, n, nil, nil)
+	elapsed, err := runProducers(ctx, db, producers, rawInsertEnqueue, 1, n, nil, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -210,12 +230,11 @@ func median(xs []float64) float64 {
 
 // quiesce empties the given tables and checkpoints so every measurement
 // starts from the same state.
-func quiesce(ctx context.Context, pool *pgxpool.Pool, tables ...string) error {
-	if _, err := pool.Exec(ctx, `TRUNCATE `+strings.Join(tables, ", ")+` RESTART IDENTITY`); err != nil {
+func quiesce(ctx context.Context, db *database, tables ...string) error {
+	if err := db.truncate(ctx, tables...); err != nil {
 		return err
 	}
-	_, err := pool.Exec(ctx, `CHECKPOINT`)
-	return err
+	return db.checkpoint(ctx)
 }
 
 // result is one system's measurements.
@@ -227,7 +246,8 @@ type result struct {
 	enqueueRatios  []float64 // the per-slice ratios, sorted
 	deliverRate    float64
 	deliverDone    bool
-	delivered      int64 // distinct events handled in the delivery phase
+	firstHandled   time.Duration // from calling Start to the first event handled
+	delivered      int64         // distinct events handled in the delivery phase
 	latencyEvents  int
 	latencies      []time.Duration
 	offeredRate    float64 // latency-phase commits per second actually achieved
@@ -238,10 +258,10 @@ type result struct {
 
 // runSystem takes one system through setup, enqueue, delivery and latency
 // phases. Errors are recorded in the result so later systems still run.
-func runSystem(ctx context.Context, pool *pgxpool.Pool, cfg config, info systemInfo) (res result) {
+func runSystem(ctx context.Context, db *database, cfg config, info systemInfo) (res result) {
 	res.info = info
 	sys := info.new(Options{Workers: cfg.workers})
-	if res.err = sys.Setup(ctx, pool); res.err != nil {
+	if res.err = sys.Setup(ctx, db); res.err != nil {
 		res.err = fmt.Errorf("setup: %w", res.err)
 		return res
 	}
@@ -260,7 +280,7 @@ func runSystem(ctx context.Context, pool *pgxpool.Pool, cfg config, info systemI
 			return res
 		}
 	}
-	if res.err = quiesce(ctx, pool, "bench_orders"); res.err != nil {
+	if res.err = quiesce(ctx, db, "bench_orders"); res.err != nil {
 		return res
 	}
 
@@ -276,16 +296,16 @@ func runSystem(ctx context.Context, pool *pgxpool.Pool, cfg config, info systemI
 	var ratios []float64
 	for round, first := 0, 1; first <= n; round++ {
 		size := min(n/enqueueRounds+1, n-first+1)
-		baseRate, err := measureBaseline(ctx, pool, cfg.producers, size)
+		baseRate, err := measureBaseline(ctx, db, cfg.producers, size)
 		if err != nil {
 			res.err = fmt.Errorf("enqueue phase: baseline: %w", err)
 			return res
 		}
-		if _, err := pool.Exec(ctx, `CHECKPOINT`); err != nil {
+		if err := db.checkpoint(ctx); err != nil {
 			res.err = err
 			return res
 		}
-		elapsed, err := runProducers(ctx, pool, cfg.producers, sys.Enqueue, int64(first), size, nil, nil)
+		elapsed, err := runProducers(ctx, db, cfg.producers, sys.Enqueue, int64(first), size, nil, nil)
 		if err != nil {
 			res.err = fmt.Errorf("enqueue phase: %w", err)
 			return res
@@ -305,7 +325,7 @@ func runSystem(ctx context.Context, pool *pgxpool.Pool, cfg config, info systemI
 	runCtx, cancelRun := context.WithCancel(ctx)
 	defer cancelRun()
 	start := t.now()
-	if err := sys.Start(runCtx, t.handle); err != nil {
+	if err := sys.Start(runCtx, t); err != nil {
 		res.err = fmt.Errorf("start: %w", err)
 		return res
 	}
@@ -325,13 +345,14 @@ func runSystem(ctx context.Context, pool *pgxpool.Pool, cfg config, info systemI
 		return res
 	}
 	res.deliverRate = float64(n) / (t.lastFirstSeen(1, n) - time.Duration(start)).Seconds()
-	logf("%s: deliver %.0f ev/s", info.name, res.deliverRate)
+	res.firstHandled = t.firstFirstSeen(1, n) - time.Duration(start)
+	logf("%s: deliver %.0f ev/s (first event handled %s after Start was called)", info.name, res.deliverRate, res.firstHandled.Round(time.Millisecond))
 
 	// 3. Latency phase: consumers keep running; producers offer a fixed
 	// rate and each event's commit-to-handle time is recorded.
 	if res.latencyEvents > 0 {
 		first := int64(n + 1)
-		elapsed, err := runProducers(ctx, pool, cfg.producers, sys.Enqueue, first, res.latencyEvents,
+		elapsed, err := runProducers(ctx, db, cfg.producers, sys.Enqueue, first, res.latencyEvents,
 			paced(ctx, first, res.latencyEvents, cfg.rate), t.markCommitted)
 		if err != nil {
 			res.err = fmt.Errorf("latency phase: %w", err)
@@ -375,19 +396,6 @@ func ensureDatabase(ctx context.Context, dsn string) error {
 	logf("creating database %s", name)
 	_, err = conn.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize())
 	return err
-}
-
-// describeEnvironment returns the facts about the run's environment that
-// affect the numbers.
-func describeEnvironment(ctx context.Context, pool *pgxpool.Pool) (string, error) {
-	var version, syncCommit, sharedBuffers string
-	err := pool.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('synchronous_commit'), current_setting('shared_buffers')`).
-		Scan(&version, &syncCommit, &sharedBuffers)
-	if err != nil {
-		return "", err
-	}
-	return fmt.Sprintf("PostgreSQL %s (synchronous_commit=%s, shared_buffers=%s), %s, %s/%s, %d CPUs, GOMAXPROCS %d",
-		version, syncCommit, sharedBuffers, runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0)), nil
 }
 
 // logf prints a progress line to stderr.

@@ -3,16 +3,18 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Handler is called by a system's consumers once per delivered event, with
-// the payload that was passed to Enqueue. The system acknowledges the event
-// after Handler returns.
-type Handler func(payload []byte)
+// the payload that was passed to Enqueue (handle) or, for systems that
+// decode the payload themselves, with the event id it carries (handleID).
+// The system acknowledges the event after the call returns.
+type Handler interface {
+	handle(payload []byte)
+	handleID(id int64)
+}
 
 // System is one outbox/queue implementation under test. Every system is run
 // through the same workload against the same database; adding a system means
@@ -21,7 +23,7 @@ type Handler func(payload []byte)
 type System interface {
 	// Setup creates the system's schema (tables, migrations). It is called
 	// once, before Reset.
-	Setup(ctx context.Context, pool *pgxpool.Pool) error
+	Setup(ctx context.Context, db *database) error
 	// Reset leaves the system's tables empty.
 	Reset(ctx context.Context) error
 	// Prefill inserts n events that are already delivered and acknowledged,
@@ -31,7 +33,7 @@ type System interface {
 	Prefill(ctx context.Context, n int) error
 	// Enqueue adds one event inside the caller's transaction; the event must
 	// become visible to consumers only if tx commits.
-	Enqueue(ctx context.Context, tx pgx.Tx, payload []byte) error
+	Enqueue(ctx context.Context, tx *benchTx, payload []byte) error
 	// Start starts the consumers (Options.Workers of them) that call
 	// handler for each event and then acknowledge it. It returns once the
 	// consumers are running.
@@ -52,6 +54,10 @@ type systemInfo struct {
 	label string // name shown in the results table
 	notes string // configuration worth knowing when reading the results
 	order int    // position in the default system list and the table
+	// dialects the system runs on (PostgreSQL only when empty).
+	dialects []string
+	// extra marks a variant left out of the default system list.
+	extra bool
 	// prefill, when set, replaces -prefill for this system: a variant that
 	// measures the same system on a table with history in it.
 	prefill int
@@ -82,4 +88,12 @@ func registeredNames() []string {
 		return a.name < b.name
 	})
 	return names
+}
+
+// runsOn reports whether the system runs on the dialect.
+func (i systemInfo) runsOn(dialect string) bool {
+	if len(i.dialects) == 0 {
+		return dialect == dialectPostgres
+	}
+	return slices.Contains(i.dialects, dialect)
 }

@@ -1,53 +1,101 @@
 package main
 
 import (
-	"github.com/millpond/millpond/outbox/postgres"
-
 	"context"
+	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millpond/millpond/bus"
+	"github.com/millpond/millpond/handlers"
 	"github.com/millpond/millpond/outbox"
 )
 
+var allDialects = []string{dialectPostgres, dialectMySQL, dialectSQLite}
+
 func init() {
 	register(systemInfo{
-		name:  "millpond",
-		label: "millpond",
-		notes: "outbox.Store.Enqueue in the producer's pgx.Tx; one outbox.Subscriber (batch 1000, MaxInFlight = -workers, lease 30 s) read by -workers goroutines that Ack each message; acks are written in batches; NOTIFY at most every 10 ms per stream plus quick polls after a wake-up",
-		order: 0,
-		new:   func(o Options) System { return &millpondSystem{workers: o.Workers} },
+		name:     "millpond",
+		label:    "millpond, bare Subscriber (batch 1000, 8 in flight)",
+		notes:    "outbox.Store.Enqueue in the producer's transaction; one outbox.Subscriber of the default group (BatchSize 1000, MaxInFlight = -workers, lease 30 s) read by -workers goroutines that Ack each message; acks are written in batches; on PostgreSQL a NOTIFY at most every 10 ms per stream plus quick polls after a wake-up, elsewhere a 50 ms poll and in-process wake-ups",
+		order:    0,
+		dialects: allDialects,
+		new: func(o Options) System {
+			return &millpondSystem{workers: o.Workers, batch: 1000, inFlight: o.Workers}
+		},
+	})
+	register(systemInfo{
+		name:     "millpond-default",
+		label:    "millpond, bare Subscriber (defaults: batch 100, 1 in flight)",
+		notes:    "as millpond, with SubscriberConfig left at its defaults (BatchSize 100, MaxInFlight 1); -workers goroutines read the channel, but only one message is out at a time",
+		order:    1,
+		dialects: allDialects,
+		new:      func(o Options) System { return &millpondSystem{workers: o.Workers} },
+	})
+	register(systemInfo{
+		name:     "millpond-bus",
+		label:    "millpond, bus + typed handler (batch 1000, 8 in flight)",
+		notes:    "what applications run: bus.New with one handlers.New[T] typed handler (JSON decoded into a struct) in its own consumer group, registered before the enqueue phase; bus.Config.Subscriber BatchSize 1000, handlers.WithMaxInFlight(-workers); the bus's default unrouted policy (a subscriber of the default group) runs too",
+		order:    2,
+		dialects: allDialects,
+		new: func(o Options) System {
+			return &millpondSystem{workers: o.Workers, batch: 1000, inFlight: o.Workers, bus: true}
+		},
+	})
+	register(systemInfo{
+		name:     "millpond-bus-default",
+		label:    "millpond, bus + typed handler (defaults)",
+		notes:    "as millpond-bus with bus.Config{} and no handler options: BatchSize 100, MaxInFlight 1",
+		order:    3,
+		dialects: allDialects,
+		new:      func(o Options) System { return &millpondSystem{workers: o.Workers, bus: true} },
 	})
 	register(systemInfo{
 		name:    "millpond-1m",
-		label:   "millpond, 1,000,000 delivered rows in the table",
+		label:   "millpond, bare Subscriber, 1,000,000 delivered rows in the table",
 		notes:   "as millpond, on a table that already holds 1,000,000 delivered rows (vacuumed and analyzed), whatever -prefill says",
-		order:   1,
+		order:   4,
 		prefill: 1_000_000,
-		new:     func(o Options) System { return &millpondSystem{workers: o.Workers} },
+		extra:   true,
+		new: func(o Options) System {
+			return &millpondSystem{workers: o.Workers, batch: 1000, inFlight: o.Workers}
+		},
 	})
 }
 
-const millpondStream = "bench"
+const (
+	millpondStream  = "bench"
+	millpondKind    = "bench_event"
+	millpondHandler = "bench-handler"
+)
 
-// millpondSystem runs the library under test: Store for enqueue, the
-// Watermill Subscriber for delivery.
-type millpondSystem struct {
-	workers int
-	pool    *pgxpool.Pool
-	store   *outbox.Store
-	sub     *outbox.Subscriber
-	wg      sync.WaitGroup
+// benchEvent is the typed event the bus's handler decodes.
+type benchEvent struct {
+	ID  int64  `json:"id"`
+	Pad string `json:"pad"`
 }
 
-func (s *millpondSystem) Setup(ctx context.Context, pool *pgxpool.Pool) error {
-	s.pool = pool
-	store, err := postgres.New(pool)
+// millpondSystem runs the library under test: Store for enqueue, and either
+// a bare Watermill Subscriber or the bus with one typed handler for
+// delivery. Zero batch and inFlight take the library's defaults.
+type millpondSystem struct {
+	workers  int
+	batch    int
+	inFlight int
+	bus      bool
+
+	db    *database
+	store *outbox.Store
+	sub   *outbox.Subscriber
+	b     *bus.Bus
+	wg    sync.WaitGroup
+}
+
+func (s *millpondSystem) Setup(ctx context.Context, db *database) error {
+	s.db = db
+	store, err := db.store()
 	if err != nil {
 		return err
 	}
@@ -60,14 +108,28 @@ func (s *millpondSystem) Setup(ctx context.Context, pool *pgxpool.Pool) error {
 }
 
 func (s *millpondSystem) Reset(ctx context.Context) error {
-	_, err := s.pool.Exec(ctx, `TRUNCATE millpond_outbox, millpond_subscriptions`)
-	return err
+	if err := s.db.truncate(ctx, "millpond_outbox", "millpond_subscriptions"); err != nil {
+		return err
+	}
+	if !s.bus {
+		return nil
+	}
+	// The handler's group must be registered before events are enqueued,
+	// as an application's bus is before it serves (fx start order).
+	b, err := s.newBus(nil)
+	if err != nil {
+		return err
+	}
+	return b.RegisterGroups(ctx)
 }
 
 // Prefill writes delivered rows straight into the table, as months of
-// history would leave them.
+// history would leave them (PostgreSQL only).
 func (s *millpondSystem) Prefill(ctx context.Context, n int) error {
-	_, err := s.pool.Exec(ctx, `
+	if s.db.dialect != dialectPostgres {
+		return errors.New("prefill is implemented for PostgreSQL only")
+	}
+	err := s.db.exec(ctx, `
 		INSERT INTO millpond_outbox (stream, consumer_group, event_key, event_kind, payload, metadata, content_hash,
 			status, attempts, claim_key, available_at, created_at, delivered_at, settled)
 		SELECT $2, '', 'prefill-' || g, 'bench', convert_to(repeat('x', 200), 'UTF8'), '{}', sha256('prefill'::bytea),
@@ -76,22 +138,47 @@ func (s *millpondSystem) Prefill(ctx context.Context, n int) error {
 	if err != nil {
 		return fmt.Errorf("prefill: %w", err)
 	}
-	_, err = s.pool.Exec(ctx, `VACUUM (ANALYZE) millpond_outbox`)
-	return err
+	return s.db.exec(ctx, `VACUUM (ANALYZE) millpond_outbox`)
 }
 
-func (s *millpondSystem) Enqueue(ctx context.Context, tx pgx.Tx, payload []byte) error {
-	_, err := s.store.Enqueue(ctx, outbox.PgxTx(tx), outbox.Event{
-		Stream: millpondStream, Key: uuid.NewString(), Kind: "bench_event", Payload: payload,
+func (s *millpondSystem) Enqueue(ctx context.Context, tx *benchTx, payload []byte) error {
+	_, err := s.store.Enqueue(ctx, tx.outbox(), outbox.Event{
+		Stream: millpondStream, Key: uuid.NewString(), Kind: millpondKind, Payload: payload,
 	})
 	return err
 }
 
+// newBus builds the bus as an application would: one typed handler.
+func (s *millpondSystem) newBus(h Handler) (*bus.Bus, error) {
+	var cfg bus.Config
+	var opts []handlers.Option
+	if s.batch > 0 {
+		cfg.Subscriber.BatchSize = s.batch
+	}
+	if s.inFlight > 0 {
+		opts = append(opts, handlers.WithMaxInFlight(s.inFlight))
+	}
+	fn := func(ctx context.Context, ev benchEvent, _ handlers.Meta) error {
+		if h != nil {
+			h.handleID(ev.ID)
+		}
+		return nil
+	}
+	return bus.New(s.store, cfg, handlers.New(millpondHandler, millpondStream, millpondKind, fn, opts...))
+}
+
 func (s *millpondSystem) Start(ctx context.Context, handler Handler) error {
+	if s.bus {
+		b, err := s.newBus(handler)
+		if err != nil {
+			return err
+		}
+		s.b = b
+		return b.Start(ctx)
+	}
 	sub, err := outbox.NewSubscriber(s.store, outbox.SubscriberConfig{
-		BatchSize:   1000,
-		MaxInFlight: s.workers,
-		Lease:       30 * time.Second,
+		BatchSize:   s.batch,
+		MaxInFlight: s.inFlight,
 	})
 	if err != nil {
 		return err
@@ -104,7 +191,7 @@ func (s *millpondSystem) Start(ctx context.Context, handler Handler) error {
 	for range s.workers {
 		s.wg.Go(func() {
 			for msg := range msgs {
-				handler(msg.Payload)
+				handler.handle(msg.Payload)
 				msg.Ack()
 			}
 		})
@@ -113,6 +200,12 @@ func (s *millpondSystem) Start(ctx context.Context, handler Handler) error {
 }
 
 func (s *millpondSystem) Stop(ctx context.Context) error {
+	if s.b != nil {
+		return s.b.Stop(ctx)
+	}
+	if s.sub == nil {
+		return errors.New("millpond: not started")
+	}
 	err := s.sub.Close()
 	s.wg.Wait()
 	return err

@@ -9,29 +9,45 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 )
 
 func init() {
-	register(systemInfo{
-		name:  "river",
-		label: "river (FetchCooldown 1ms)",
-		notes: "river.Client.InsertTx in the producer transaction; MaxWorkers = -workers on one queue; FetchCooldown 1ms, FetchPollInterval 50ms; LISTEN/NOTIFY on; River records completions asynchronously in batches, so a job counts as handled slightly before its completed state is committed",
-		order: 20,
-		new: func(o Options) System {
-			return &riverSystem{workers: o.Workers, fetchCooldown: time.Millisecond, fetchPollInterval: 50 * time.Millisecond}
-		},
-	})
-	register(systemInfo{
-		name:  "river-default",
-		label: "river (defaults)",
-		notes: "as river, but FetchCooldown and FetchPollInterval left at river's defaults (100ms / 1s)",
-		order: 21,
-		new:   func(o Options) System { return &riverSystem{workers: o.Workers} },
-	})
+	type variant struct {
+		name, label, notes string
+		maxWorkers         int // 0: -workers
+		cooldown, poll     time.Duration
+		extra              bool
+	}
+	for i, v := range []variant{
+		{name: "river", label: "river (MaxWorkers 8, FetchCooldown 1 ms, FetchPollInterval 50 ms)",
+			notes: "MaxWorkers = -workers", cooldown: time.Millisecond, poll: 50 * time.Millisecond},
+		{name: "river-100", label: "river (MaxWorkers 100, FetchCooldown 1 ms, FetchPollInterval 20 ms)",
+			maxWorkers: 100, cooldown: time.Millisecond, poll: 20 * time.Millisecond},
+		{name: "river-1000", label: "river (MaxWorkers 1000, FetchCooldown 1 ms, FetchPollInterval 20 ms)",
+			maxWorkers: 1000, cooldown: time.Millisecond, poll: 20 * time.Millisecond},
+		{name: "river-bench", label: "river, its own benchmark's settings (MaxWorkers 2000, FetchCooldown 2 ms, FetchPollInterval 20 ms)",
+			notes: "the settings of river's own benchmark command (riverbench)", maxWorkers: 2000, cooldown: 2 * time.Millisecond, poll: 20 * time.Millisecond},
+		{name: "river-default", label: "river defaults (MaxWorkers 100, FetchCooldown 100 ms, FetchPollInterval 1 s)",
+			notes: "MaxWorkers 100 as in river's getting-started example, fetch settings left at river's defaults", maxWorkers: 100},
+	} {
+		notes := "river.Client.InsertTx in the producer transaction; one queue; LISTEN/NOTIFY on; river records completions asynchronously in batches, so a job counts as handled slightly before its completed state is committed"
+		if v.notes != "" {
+			notes = v.notes + "; " + notes
+		}
+		register(systemInfo{
+			name: v.name, label: v.label, notes: notes, order: 20 + i, extra: v.extra,
+			new: func(o Options) System {
+				workers := v.maxWorkers
+				if workers == 0 {
+					workers = o.Workers
+				}
+				return &riverSystem{workers: workers, fetchCooldown: v.cooldown, fetchPollInterval: v.poll}
+			},
+		})
+	}
 }
 
 // riverArgs is the job args type; the benchmark payload is carried verbatim.
@@ -50,7 +66,7 @@ type riverWorker struct {
 
 // Work implements river.Worker.
 func (w *riverWorker) Work(_ context.Context, job *river.Job[riverArgs]) error {
-	w.handler(job.Args.Payload)
+	w.handler.handle(job.Args.Payload)
 	return nil
 }
 
@@ -61,14 +77,14 @@ type riverSystem struct {
 	fetchCooldown     time.Duration
 	fetchPollInterval time.Duration
 
-	pool   *pgxpool.Pool
+	db     *database
 	worker *riverWorker
 	client *river.Client[pgx.Tx]
 }
 
-func (s *riverSystem) Setup(ctx context.Context, pool *pgxpool.Pool) error {
-	s.pool = pool
-	driver := riverpgxv5.New(pool)
+func (s *riverSystem) Setup(ctx context.Context, db *database) error {
+	s.db = db
+	driver := riverpgxv5.New(db.pool)
 	migrator, err := rivermigrate.New(driver, &rivermigrate.Config{Logger: quietLogger()})
 	if err != nil {
 		return err
@@ -93,12 +109,11 @@ func (s *riverSystem) Setup(ctx context.Context, pool *pgxpool.Pool) error {
 }
 
 func (s *riverSystem) Reset(ctx context.Context) error {
-	_, err := s.pool.Exec(ctx, `TRUNCATE river_job, river_leader, river_queue RESTART IDENTITY`)
-	return err
+	return s.db.truncate(ctx, "river_job", "river_leader", "river_queue")
 }
 
 func (s *riverSystem) Prefill(ctx context.Context, n int) error {
-	_, err := s.pool.Exec(ctx, `
+	err := s.db.exec(ctx, `
 		INSERT INTO river_job (args, kind, max_attempts, queue, state, attempt, attempted_at, finalized_at)
 		SELECT jsonb_build_object('payload', jsonb_build_object('id', -g, 'pad', repeat('x', 180))),
 		       'bench_event', 25, 'default', 'completed', 1, now(), now()
@@ -106,12 +121,11 @@ func (s *riverSystem) Prefill(ctx context.Context, n int) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.pool.Exec(ctx, `VACUUM (ANALYZE) river_job`)
-	return err
+	return s.db.exec(ctx, `VACUUM (ANALYZE) river_job`)
 }
 
-func (s *riverSystem) Enqueue(ctx context.Context, tx pgx.Tx, payload []byte) error {
-	_, err := s.client.InsertTx(ctx, tx, riverArgs{Payload: payload}, nil)
+func (s *riverSystem) Enqueue(ctx context.Context, tx *benchTx, payload []byte) error {
+	_, err := s.client.InsertTx(ctx, tx.pgx, riverArgs{Payload: payload}, nil)
 	return err
 }
 

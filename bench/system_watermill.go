@@ -9,26 +9,34 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func init() {
+	const notes = "Publisher over the producer's transaction (TxFromPgx / TxFromStdSQL); the queue schema (PostgreSQLQueueSchema or MySQLQueueSchema) with its queue offsets adapter (mark acked, no delete), PollInterval 50 ms; the queue schema has no consumer groups, so the subscribers compete for the same rows"
 	register(systemInfo{
-		name:  "watermill-sql",
-		label: "watermill-sql (queue schema, N subscribers)",
-		notes: "Publisher over the producer's pgx.Tx (TxFromPgx); PostgreSQLQueueSchema + PostgreSQLQueueOffsetsAdapter (mark acked, no delete), batch 100, PollInterval 50ms; one Subscriber per worker on the same topic (the queue schema has no consumer groups, so they compete for the same rows)",
-		order: 30,
-		new: func(o Options) System {
-			return &watermillSystem{subscribers: o.Workers}
-		},
+		name:     "watermill-sql",
+		label:    "watermill-sql, queue schema, 8 subscribers, batch 100 (its default)",
+		notes:    "one Subscriber per worker, SubscribeBatchSize left at its default (100); " + notes,
+		order:    30,
+		dialects: []string{dialectPostgres, dialectMySQL},
+		new:      func(o Options) System { return &watermillSystem{subscribers: o.Workers} },
 	})
 	register(systemInfo{
-		name:  "watermill-sql-1sub",
-		label: "watermill-sql (queue schema, 1 subscriber)",
-		notes: "as watermill-sql, but a single Subscriber; its messages are handed to the handler one at a time",
-		order: 31,
-		new:   func(Options) System { return &watermillSystem{subscribers: 1} },
+		name:     "watermill-sql-1000",
+		label:    "watermill-sql, queue schema, 8 subscribers, batch 1000",
+		notes:    "one Subscriber per worker, SubscribeBatchSize 1000; " + notes,
+		order:    31,
+		dialects: []string{dialectPostgres, dialectMySQL},
+		new:      func(o Options) System { return &watermillSystem{subscribers: o.Workers, batch: 1000} },
+	})
+	register(systemInfo{
+		name:     "watermill-sql-1sub",
+		label:    "watermill-sql, queue schema, 1 subscriber, batch 100",
+		notes:    "a single Subscriber, its messages handed to the handler one at a time; " + notes,
+		order:    32,
+		dialects: []string{dialectPostgres, dialectMySQL},
+		extra:    true,
+		new:      func(Options) System { return &watermillSystem{subscribers: 1} },
 	})
 }
 
@@ -42,10 +50,11 @@ const watermillPollInterval = 50 * time.Millisecond
 // watermillSystem runs watermill-sql's PostgreSQL queue schema over pgx.
 type watermillSystem struct {
 	subscribers int
+	batch       int // 0: the schema's default
 
-	pool    *pgxpool.Pool
-	schema  wsql.PostgreSQLQueueSchema
-	offsets wsql.PostgreSQLQueueOffsetsAdapter
+	db      *database
+	schema  wsql.SchemaAdapter
+	offsets wsql.OffsetsAdapter
 	logger  watermill.LoggerAdapter
 
 	subs   []*wsql.Subscriber
@@ -53,10 +62,20 @@ type watermillSystem struct {
 	wg     sync.WaitGroup
 }
 
-func (s *watermillSystem) Setup(ctx context.Context, pool *pgxpool.Pool) error {
-	s.pool = pool
+func (s *watermillSystem) Setup(ctx context.Context, db *database) error {
+	s.db = db
 	s.logger = watermill.NewSlogLogger(quietLogger())
-	if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS "watermill_`+watermillTopic+`"`); err != nil {
+	table := "watermill_" + watermillTopic
+	if db.dialect == dialectMySQL {
+		s.schema = wsql.MySQLQueueSchema{SubscribeBatchSize: s.batch}
+		s.offsets = wsql.MySQLQueueOffsetsAdapter{}
+		table = "`" + table + "`"
+	} else {
+		s.schema = wsql.PostgreSQLQueueSchema{SubscribeBatchSize: s.batch}
+		s.offsets = wsql.PostgreSQLQueueOffsetsAdapter{}
+		table = `"` + table + `"`
+	}
+	if err := db.exec(ctx, `DROP TABLE IF EXISTS `+table); err != nil {
 		return err
 	}
 	sub, err := s.newSubscriber()
@@ -67,8 +86,26 @@ func (s *watermillSystem) Setup(ctx context.Context, pool *pgxpool.Pool) error {
 	return sub.SubscribeInitialize(watermillTopic)
 }
 
+// beginner is watermill-sql's view of the run's connections.
+func (s *watermillSystem) beginner() wsql.Beginner { return watermillBeginner(s.db) }
+
+func watermillBeginner(db *database) wsql.Beginner {
+	if db.pool != nil {
+		return wsql.BeginnerFromPgx(db.pool)
+	}
+	return wsql.BeginnerFromStdSQL(db.db)
+}
+
+// watermillTx is watermill-sql's view of a producer transaction.
+func watermillTx(tx *benchTx) wsql.ContextExecutor {
+	if tx.pgx != nil {
+		return wsql.TxFromPgx(tx.pgx)
+	}
+	return wsql.TxFromStdSQL(tx.sql)
+}
+
 func (s *watermillSystem) newSubscriber() (*wsql.Subscriber, error) {
-	return wsql.NewSubscriber(wsql.BeginnerFromPgx(s.pool), wsql.SubscriberConfig{
+	return wsql.NewSubscriber(s.beginner(), wsql.SubscriberConfig{
 		SchemaAdapter:  s.schema,
 		OffsetsAdapter: s.offsets,
 		PollInterval:   watermillPollInterval,
@@ -76,24 +113,25 @@ func (s *watermillSystem) newSubscriber() (*wsql.Subscriber, error) {
 }
 
 func (s *watermillSystem) Reset(ctx context.Context) error {
-	_, err := s.pool.Exec(ctx, `TRUNCATE "watermill_`+watermillTopic+`" RESTART IDENTITY`)
-	return err
+	return s.db.truncate(ctx, "watermill_"+watermillTopic)
 }
 
 func (s *watermillSystem) Prefill(ctx context.Context, n int) error {
-	_, err := s.pool.Exec(ctx, `
+	if s.db.dialect != dialectPostgres {
+		return errors.New("prefill is implemented for PostgreSQL only")
+	}
+	err := s.db.exec(ctx, `
 		INSERT INTO "watermill_`+watermillTopic+`" (uuid, payload, metadata, acked)
 		SELECT gen_random_uuid()::text, json_build_object('id', -g, 'pad', repeat('x', 180)), '{}', true
 		FROM generate_series(1, $1) AS g`, n)
 	if err != nil {
 		return err
 	}
-	_, err = s.pool.Exec(ctx, `VACUUM (ANALYZE) "watermill_`+watermillTopic+`"`)
-	return err
+	return s.db.exec(ctx, `VACUUM (ANALYZE) "watermill_`+watermillTopic+`"`)
 }
 
-func (s *watermillSystem) Enqueue(ctx context.Context, tx pgx.Tx, payload []byte) error {
-	pub, err := wsql.NewPublisher(wsql.TxFromPgx(tx), wsql.PublisherConfig{SchemaAdapter: s.schema}, s.logger)
+func (s *watermillSystem) Enqueue(ctx context.Context, tx *benchTx, payload []byte) error {
+	pub, err := wsql.NewPublisher(watermillTx(tx), wsql.PublisherConfig{SchemaAdapter: s.schema}, s.logger)
 	if err != nil {
 		return err
 	}
@@ -115,7 +153,7 @@ func (s *watermillSystem) Start(ctx context.Context, handler Handler) error {
 		s.subs = append(s.subs, sub)
 		s.wg.Go(func() {
 			for msg := range msgs {
-				handler(msg.Payload)
+				handler.handle(msg.Payload)
 				msg.Ack()
 			}
 		})

@@ -10,9 +10,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // payloadSize is the approximate size of an event payload in bytes.
@@ -20,12 +17,16 @@ const payloadSize = 200
 
 // makePayload returns a JSON event payload of about payloadSize bytes that
 // carries the event id.
-func makePayload(id int64) []byte {
-	b := make([]byte, 0, payloadSize+8)
+func makePayload(id int64) []byte { return makePayloadSize(id, payloadSize) }
+
+// makePayloadSize returns a JSON event payload of about size bytes that
+// carries the event id.
+func makePayloadSize(id int64, size int) []byte {
+	b := make([]byte, 0, size+8)
 	b = append(b, `{"id":`...)
 	b = strconv.AppendInt(b, id, 10)
 	b = append(b, `,"pad":"`...)
-	for len(b) < payloadSize-2 {
+	for len(b) < size-2 {
 		b = append(b, 'x')
 	}
 	return append(b, `"}`...)
@@ -44,36 +45,40 @@ func payloadID(payload []byte) (int64, error) {
 }
 
 // enqueueFunc writes one event inside tx.
-type enqueueFunc func(ctx context.Context, tx pgx.Tx, payload []byte) error
+type enqueueFunc func(ctx context.Context, tx *benchTx, payload []byte) error
 
 // rawInsertEnqueue is the baseline: the event is a plain INSERT into a plain
 // table, the least any transactional outbox can cost.
-func rawInsertEnqueue(ctx context.Context, tx pgx.Tx, payload []byte) error {
-	_, err := tx.Exec(ctx, `INSERT INTO bench_plain_events (payload) VALUES ($1)`, payload)
-	return err
+func rawInsertEnqueue(ctx context.Context, tx *benchTx, payload []byte) error {
+	return tx.exec(ctx, `INSERT INTO bench_plain_events (payload) VALUES (`+tx.d.ph(1)+`)`, payload)
 }
 
 // produceOne runs one producer transaction: a domain row and an event,
 // committed together.
-func produceOne(ctx context.Context, pool *pgxpool.Pool, enqueue enqueueFunc, id int64) error {
-	tx, err := pool.Begin(ctx)
+func produceOne(ctx context.Context, db *database, enqueue enqueueFunc, id int64, size int) error {
+	tx, err := db.begin(ctx)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // no-op after Commit
-	if _, err := tx.Exec(ctx, `INSERT INTO bench_orders (payload) VALUES ($1)`, "order "+strconv.FormatInt(id, 10)); err != nil {
+	defer tx.rollback(context.WithoutCancel(ctx)) // no-op after Commit
+	if err := tx.exec(ctx, `INSERT INTO bench_orders (payload) VALUES (`+db.ph(1)+`)`, "order "+strconv.FormatInt(id, 10)); err != nil {
 		return fmt.Errorf("insert order: %w", err)
 	}
-	if err := enqueue(ctx, tx, makePayload(id)); err != nil {
+	if err := enqueue(ctx, tx, makePayloadSize(id, size)); err != nil {
 		return fmt.Errorf("enqueue: %w", err)
 	}
-	return tx.Commit(ctx)
+	return tx.commit(ctx)
 }
 
 // runProducers enqueues events firstID..firstID+n-1 as fast as producers
 // concurrent transactions allow, and returns the elapsed time. If committed
 // is non-nil, committed(id) is called right after each Commit returns.
-func runProducers(ctx context.Context, pool *pgxpool.Pool, producers int, enqueue enqueueFunc, firstID int64, n int, ids <-chan int64, committed func(id int64)) (time.Duration, error) {
+func runProducers(ctx context.Context, db *database, producers int, enqueue enqueueFunc, firstID int64, n int, ids <-chan int64, committed func(id int64)) (time.Duration, error) {
+	return runProducersSize(ctx, db, producers, enqueue, firstID, n, ids, committed, payloadSize)
+}
+
+// runProducersSize is runProducers with payloads of about size bytes.
+func runProducersSize(ctx context.Context, db *database, producers int, enqueue enqueueFunc, firstID int64, n int, ids <-chan int64, committed func(id int64), size int) (time.Duration, error) {
 	if ids == nil {
 		ch := make(chan int64, n)
 		for i := range n {
@@ -92,7 +97,7 @@ func runProducers(ctx context.Context, pool *pgxpool.Pool, producers int, enqueu
 				if ctx.Err() != nil {
 					return
 				}
-				if err := produceOne(ctx, pool, enqueue, id); err != nil {
+				if err := produceOne(ctx, db, enqueue, id, size); err != nil {
 					cancel(fmt.Errorf("event %d: %w", id, err))
 					return
 				}
@@ -158,9 +163,19 @@ func (t *tracker) now() int64 { return int64(time.Since(t.epoch)) }
 
 // handle is the Handler given to systems.
 func (t *tracker) handle(payload []byte) {
-	now := t.now()
 	id, err := payloadID(payload)
-	if err != nil || id < 1 || id > int64(len(t.counts)) {
+	if err != nil {
+		t.unknown.Add(1)
+		return
+	}
+	t.handleID(id)
+}
+
+// handleID records that event id was handled, for systems that decode the
+// payload themselves (the bus's typed handlers).
+func (t *tracker) handleID(id int64) {
+	now := t.now()
+	if id < 1 || id > int64(len(t.counts)) {
 		t.unknown.Add(1)
 		return
 	}
@@ -199,6 +214,18 @@ func (t *tracker) lastFirstSeen(first int64, n int) time.Duration {
 		last = max(last, t.firstSeen[i].Load())
 	}
 	return time.Duration(last)
+}
+
+// firstFirstSeen returns the earliest first-handled time among events
+// first..first+n-1, as a duration since the epoch (0 if none was handled).
+func (t *tracker) firstFirstSeen(first int64, n int) time.Duration {
+	var early int64
+	for i := first - 1; i < first-1+int64(n); i++ {
+		if v := t.firstSeen[i].Load(); v > 0 && (early == 0 || v < early) {
+			early = v
+		}
+	}
+	return time.Duration(early)
 }
 
 // latencies returns commit-to-handle latencies of the events
