@@ -39,6 +39,9 @@ var (
 	// ErrStaleClaim reports a claim key that no longer owns its event;
 	// nothing was changed.
 	ErrStaleClaim = sqlcore.ErrStaleClaim
+	// ErrInvalidPolicy reports a dead-letter policy other than
+	// DeadLetterHold and DeadLetterSkip.
+	ErrInvalidPolicy = sqlcore.ErrInvalidPolicy
 	// ErrNoTransaction reports an Enqueue or Publish without an open
 	// transaction: the outbox never opens one implicitly, so an event cannot
 	// commit apart from the data it describes.

@@ -38,4 +38,7 @@ var (
 	// lease expired, another worker reclaimed it, or it was already settled.
 	// Nothing was changed.
 	ErrStaleClaim = errors.New("claim is stale")
+	// ErrInvalidPolicy reports a dead-letter policy other than hold and
+	// skip.
+	ErrInvalidPolicy = errors.New("invalid dead-letter policy")
 )
