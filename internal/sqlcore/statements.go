@@ -62,9 +62,9 @@ type statements struct {
 	requeueRejoined      query
 	deadOrdering         query // reroute: the ordering key of a dead default-group row
 
-	migrationsDDL  string
-	appliedSQL     string
-	recordSQL      string
+	migrationsDDL string
+	appliedSQL    string
+	recordSQL     string
 }
 
 const insertColsFor = "INSERT INTO millpond_outbox (stream, consumer_group, event_key, event_kind, payload, metadata, content_hash, status, available_at, created_at)\n"
