@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sort"
 	"strings"
 	"sync"
@@ -104,25 +105,33 @@ func testOrderedConcurrentClaimers(t *testing.T, e *env) {
 		claimers = 8
 		batch    = 25
 	)
-	// Events are enqueued round-robin over the keys, in transactions of
-	// 500, so each key's events are spread over the whole id range.
+	// Events are enqueued in a shuffled order of keys (each key 50 times),
+	// in transactions of 500: a key's events are sometimes adjacent, often
+	// far apart, so a claim that ignored keys would hand out several
+	// events of one key at once.
+	slots := make([]int, 0, keys*perKey)
+	for k := range keys {
+		for range perKey {
+			slots = append(slots, k)
+		}
+	}
+	rand.New(rand.NewPCG(11, 17)).Shuffle(len(slots), func(i, j int) { slots[i], slots[j] = slots[j], slots[i] })
+	seqOf := map[int]int{}
 	tx, commit, rollback := e.db.Begin(t)
-	n := 0
-	for i := range perKey {
-		for k := range keys {
-			ev := ordered("ord", fmt.Sprintf("k%03d-%02d", k, i), fmt.Sprintf("key-%03d", k))
-			ev.Payload = []byte(fmt.Sprintf(`{"key":%d,"i":%d}`, k, i))
-			if _, err := e.s.Enqueue(e.ctx, tx, ev); err != nil {
-				rollback()
-				t.Fatalf("enqueue: %v", err)
+	for n, k := range slots {
+		i := seqOf[k]
+		seqOf[k]++
+		ev := ordered("ord", fmt.Sprintf("k%03d-%02d", k, i), fmt.Sprintf("key-%03d", k))
+		ev.Payload = []byte(fmt.Sprintf(`{"key":%d,"i":%d}`, k, i))
+		if _, err := e.s.Enqueue(e.ctx, tx, ev); err != nil {
+			rollback()
+			t.Fatalf("enqueue: %v", err)
+		}
+		if (n+1)%500 == 0 {
+			if err := commit(); err != nil {
+				t.Fatal(err)
 			}
-			n++
-			if n%500 == 0 {
-				if err := commit(); err != nil {
-					t.Fatal(err)
-				}
-				tx, commit, rollback = e.db.Begin(t)
-			}
+			tx, commit, rollback = e.db.Begin(t)
 		}
 	}
 	if err := commit(); err != nil {
