@@ -287,7 +287,7 @@ func cmdMigrate(e *env, args []string) error {
 }
 
 func cmdStats(e *env, args []string) error {
-	fs := newFlagSet(e, "stats", "Usage: millpond stats [-db URL]\n\nCount pending, processing and dead-lettered events per stream and consumer group.\n")
+	fs := newFlagSet(e, "stats", "Usage: millpond stats [-db URL]\n\nCount pending, processing and dead-lettered events per stream and consumer group,\nthe events blocked behind an earlier event of their ordering key, and the ordering\nkeys held by a dead-lettered event (requeue it to unblock its key).\n")
 	dbFlag := addDBFlag(fs)
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -306,13 +306,13 @@ func cmdStats(e *env, args []string) error {
 		return db.fail("stats of", err)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "STREAM\tGROUP\tPENDING\tPROCESSING\tDEAD\tOLDEST_PENDING_AGE")
+	fmt.Fprintln(tw, "STREAM\tGROUP\tPENDING\tPROCESSING\tDEAD\tOLDEST_PENDING_AGE\tBLOCKED\tHELD_KEYS")
 	for _, st := range stats {
 		age := "-"
 		if st.OldestPendingAge > 0 {
 			age = st.OldestPendingAge.Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\n", st.Stream, groupName(st.Group), st.Pending, st.Processing, st.Dead, age)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%d\t%d\n", st.Stream, groupName(st.Group), st.Pending, st.Processing, st.Dead, age, st.Blocked, st.HeldKeys)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write stats: %w", err)
