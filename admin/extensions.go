@@ -16,18 +16,14 @@ import (
 //   - retireGroup: Store.RetireGroup(ctx, outbox.RetireRequest{Stream,
 //     Group, Discard}).
 //   - discardDead: Store.DiscardDead(ctx, outbox.DeadSelector{Stream, IDs}).
-//   - blockedKeys: the per-key ordering's blocked-key counts per stream and
-//     group (not wired yet).
 type extensions struct {
 	groups      func(ctx context.Context) ([]groupInfo, error)
 	retireGroup func(ctx context.Context, stream, group string, discard bool) (retired, error)
 	discardDead func(ctx context.Context, stream string, ids []int64) (int64, error)
-	blockedKeys func(ctx context.Context) (map[streamGroup]int64, error)
 }
 
 // storeExtensions returns the extensions the store supports: the group
-// lifecycle (list, unregister) and discarding dead letters. Blocked keys
-// wait for per-key ordering.
+// lifecycle (list, unregister) and discarding dead letters.
 func storeExtensions(s *outbox.Store) extensions {
 	return extensions{
 		groups: func(ctx context.Context) ([]groupInfo, error) {
@@ -52,9 +48,6 @@ func storeExtensions(s *outbox.Store) extensions {
 		},
 	}
 }
-
-// streamGroup names one consumer group of one stream.
-type streamGroup struct{ Stream, Group string }
 
 // groupInfo is one consumer group as the groups page shows it when the
 // Store can list groups (the fields of outbox.GroupInfo).

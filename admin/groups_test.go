@@ -78,3 +78,24 @@ func TestGroupsAndDiscard(t *testing.T) {
 		}
 	}
 }
+
+// TestOverviewShowsBlockedAndHeldKeys: events waiting behind their ordering
+// key and keys held by a dead letter show in the overview, as Stats counts
+// them.
+func TestOverviewShowsBlockedAndHeldKeys(t *testing.T) {
+	f := newFixture(t, "sqlite")
+	for _, k := range []string{"k1", "k2", "k3"} {
+		f.enqueue(outbox.Event{Stream: "ledger", Key: k, Kind: "Posted", OrderingKey: "acct-7", Payload: []byte(`{}`)})
+	}
+	head := f.claim("ledger", "", 1)
+	f.fail(head[0], "poison", 1) // dead under hold: the key stays held
+	srv := f.serve(admin.Options{})
+	_, body, _ := get(t, newClient(t), srv.URL+"/")
+	row := body[strings.Index(body, `data-stream="ledger"`):]
+	row = row[:strings.Index(row, "</tr>")]
+	for _, want := range []string{`data-col="blocked">2<`, `data-col="held">1<`} {
+		if !strings.Contains(row, want) {
+			t.Errorf("the ledger row lacks %s:\n%s", want, row)
+		}
+	}
+}

@@ -21,16 +21,16 @@ type overviewRow struct {
 	Stream, Group                       string
 	Pending, Processing, Retrying, Dead int64
 	OldestPendingAge                    time.Duration
-	Blocked                             int64
-	DeadLink                            template.URL
+	// Blocked counts events waiting behind an earlier event of their
+	// ordering key; HeldKeys the keys a dead letter holds.
+	Blocked, HeldKeys int64
+	DeadLink          template.URL
 }
 
 type overviewData struct {
 	Rows []overviewRow
 	// Total sums the rows (its OldestPendingAge is the largest).
 	Total overviewRow
-	// BlockedAvailable is true when the Store reports blocked keys.
-	BlockedAvailable bool
 	// RefreshMS is the refresh interval in milliseconds, 0 for none.
 	RefreshMS int64
 	// RefreshLabel is the interval for people.
@@ -46,13 +46,7 @@ func (s *server) overviewData(r *http.Request) (overviewData, error) {
 	if err != nil {
 		return overviewData{}, err
 	}
-	var blocked map[streamGroup]int64
-	if s.ext.blockedKeys != nil {
-		if blocked, err = s.ext.blockedKeys(r.Context()); err != nil {
-			return overviewData{}, err
-		}
-	}
-	d := overviewData{BlockedAvailable: s.ext.blockedKeys != nil, Updated: time.Now().UTC()}
+	d := overviewData{Updated: time.Now().UTC()}
 	if s.refresh > 0 {
 		d.RefreshMS, d.RefreshLabel = s.refresh.Milliseconds(), s.refresh.String()
 	}
@@ -60,7 +54,7 @@ func (s *server) overviewData(r *http.Request) (overviewData, error) {
 		row := overviewRow{
 			Stream: st.Stream, Group: st.Group, Pending: st.Pending, Processing: st.Processing,
 			Retrying: st.Retrying, Dead: st.Dead, OldestPendingAge: st.OldestPendingAge,
-			Blocked:  blocked[streamGroup{st.Stream, st.Group}],
+			Blocked: st.Blocked, HeldKeys: st.HeldKeys,
 			DeadLink: deadFilter{Stream: st.Stream, Group: groupParam(st.Group)}.query(),
 		}
 		d.Rows = append(d.Rows, row)
@@ -70,6 +64,7 @@ func (s *server) overviewData(r *http.Request) (overviewData, error) {
 		t.Retrying += row.Retrying
 		t.Dead += row.Dead
 		t.Blocked += row.Blocked
+		t.HeldKeys += row.HeldKeys
 		t.OldestPendingAge = max(t.OldestPendingAge, row.OldestPendingAge)
 	}
 	t := d.Total

@@ -193,6 +193,9 @@ func (b *Bus) subscriberConfig(group string, kinds []string, p handlers.Policy) 
 	if p.MaxInFlight != 0 {
 		c.MaxInFlight = p.MaxInFlight
 	}
+	if p.DeadLetterPolicy == handlers.DeadLetterSkip {
+		c.DeadLetterPolicy = outbox.DeadLetterSkip
+	}
 	return c
 }
 
@@ -218,7 +221,9 @@ func (b *Bus) addHandler(h handlers.Handler) error {
 // addUnrouted consumes the default group of a stream, where events that no
 // handler subscribes to wait.
 func (b *Bus) addUnrouted(stream string) error {
-	cfg := b.subscriberConfig("", nil, handlers.Policy{})
+	// Unrouted events are dead-lettered one by one: one must not hold the
+	// later events of its ordering key in the default group.
+	cfg := b.subscriberConfig("", nil, handlers.Policy{DeadLetterPolicy: handlers.DeadLetterSkip})
 	cfg.SkipRegistration = true
 	sub, err := outbox.NewSubscriber(b.store, cfg)
 	if err != nil {

@@ -46,9 +46,27 @@ type Policy struct {
 	// Lease is how long a delivery is held before it may be retried
 	// elsewhere; it is extended while the handler runs.
 	Lease time.Duration
-	// MaxInFlight is how many events of this handler run at once.
+	// MaxInFlight is how many events of this handler run at once. Events
+	// with an ordering key are still handed out one at a time per key.
 	MaxInFlight int
+	// DeadLetterPolicy is what a dead-lettered event with an ordering key
+	// does to the later events of its key for this handler: hold them (the
+	// zero value) until it is requeued, or skip it.
+	DeadLetterPolicy DeadLetterPolicy
 }
+
+// DeadLetterPolicy says what a dead-lettered event with an ordering key
+// does to the later events of its key; it matches outbox.DeadLetterPolicy.
+type DeadLetterPolicy int
+
+const (
+	// DeadLetterHold (the default) keeps the key's later events waiting
+	// until the dead letter is requeued; it is then handled first.
+	DeadLetterHold DeadLetterPolicy = iota
+	// DeadLetterSkip hands out the key's next event as soon as its
+	// predecessor is dead-lettered.
+	DeadLetterSkip
+)
 
 // Meta describes the delivery of an event to a handler.
 type Meta struct {
@@ -62,21 +80,32 @@ type Meta struct {
 	EventID int64
 	// Metadata is the message metadata (trace context, correlation id...).
 	Metadata message.Metadata
+	// OrderingKey is the event's ordering key, "" when it is unordered.
+	// Events of one key reach the handler one at a time, in the order
+	// their transactions committed.
+	OrderingKey string
+	// OrderingSeq is the event's position in its key's sequence (1 for the
+	// first), 0 when it is unordered.
+	OrderingSeq int64
 }
 
 // Metadata keys the outbox Subscriber sets on each message; they match the
 // outbox package's constants.
 const (
-	metadataKind    = "event_kind"
-	metadataAttempt = "millpond_attempt"
-	metadataEventID = "millpond_event_id"
+	metadataKind     = "event_kind"
+	metadataAttempt  = "millpond_attempt"
+	metadataEventID  = "millpond_event_id"
+	metadataOrderKey = "millpond_ordering_key"
+	metadataOrderSeq = "millpond_ordering_seq"
 )
 
 // MetaOf reads the delivery description of a message.
 func MetaOf(msg *message.Message) Meta {
 	attempt, _ := strconv.Atoi(msg.Metadata.Get(metadataAttempt))
 	id, _ := strconv.ParseInt(msg.Metadata.Get(metadataEventID), 10, 64)
-	return Meta{Key: msg.UUID, Kind: msg.Metadata.Get(metadataKind), Attempt: attempt, EventID: id, Metadata: msg.Metadata}
+	seq, _ := strconv.ParseInt(msg.Metadata.Get(metadataOrderSeq), 10, 64)
+	return Meta{Key: msg.UUID, Kind: msg.Metadata.Get(metadataKind), Attempt: attempt, EventID: id, Metadata: msg.Metadata,
+		OrderingKey: msg.Metadata.Get(metadataOrderKey), OrderingSeq: seq}
 }
 
 // PermanentError marks a failure that retrying cannot fix; the bus
@@ -127,6 +156,12 @@ func WithLease(d time.Duration) Option { return func(p *Policy) { p.Lease = d } 
 
 // WithMaxInFlight sets how many events of the handler run at once.
 func WithMaxInFlight(n int) Option { return func(p *Policy) { p.MaxInFlight = n } }
+
+// WithDeadLetterPolicy sets what a dead-lettered event with an ordering key
+// does to the later events of its key (default DeadLetterHold).
+func WithDeadLetterPolicy(d DeadLetterPolicy) Option {
+	return func(p *Policy) { p.DeadLetterPolicy = d }
+}
 
 type typed[T any] struct {
 	name, stream, kind string

@@ -48,6 +48,9 @@ var (
 	// ErrGroupNotRegistered reports a RetireGroup of a group that is not
 	// registered for the stream and has nothing to discard.
 	ErrGroupNotRegistered = sqlcore.ErrGroupNotRegistered
+	// ErrInvalidPolicy reports a dead-letter policy other than
+	// DeadLetterHold and DeadLetterSkip.
+	ErrInvalidPolicy = sqlcore.ErrInvalidPolicy
 	// ErrNoTransaction reports an Enqueue or Publish without an open
 	// transaction: the outbox never opens one implicitly, so an event cannot
 	// commit apart from the data it describes.

@@ -32,6 +32,13 @@ const (
 	// dead-letters the event at once instead of retrying it (for failures
 	// that no retry can fix, such as a payload that does not decode).
 	MetadataDeadLetterNow = "millpond_dead_letter_now"
+	// MetadataOrderingKey, when set on publish, is the event's ordering
+	// key (see Event.OrderingKey); on delivery it holds the ordering key,
+	// and is absent for unordered events.
+	MetadataOrderingKey = "millpond_ordering_key"
+	// MetadataOrderingSeq is set on delivery of an event with an ordering
+	// key to its position in the key's sequence (see Claimed.OrderingSeq).
+	MetadataOrderingSeq = "millpond_ordering_seq"
 )
 
 type txKey struct{}
@@ -52,8 +59,9 @@ func TxFromContext(ctx context.Context) (Tx, bool) {
 // Publisher is a Watermill message.Publisher that enqueues each message as
 // an outbox event inside a transaction: the topic is the stream, the message
 // UUID (or MetadataEventKey) the idempotency key, MetadataKind (or
-// MetadataCQRSName, or else the topic) the event kind, and the metadata is
-// stored and restored on delivery.
+// MetadataCQRSName, or else the topic) the event kind, MetadataOrderingKey
+// the ordering key (none: unordered), and the metadata is stored and
+// restored on delivery.
 type Publisher struct {
 	store *Store
 	mode  publishMode
@@ -181,5 +189,6 @@ func EventFromMessage(topic string, msg *message.Message) Event {
 	if kind == "" {
 		kind = topic
 	}
-	return Event{Stream: topic, Key: key, Kind: kind, Payload: msg.Payload, Metadata: msg.Metadata}
+	return Event{Stream: topic, Key: key, Kind: kind, Payload: msg.Payload, Metadata: msg.Metadata,
+		OrderingKey: msg.Metadata.Get(MetadataOrderingKey)}
 }

@@ -58,6 +58,12 @@ type SubscriberConfig struct {
 	CloseTimeout time.Duration
 	// Logger receives the subscriber's logs (default: none).
 	Logger watermill.LoggerAdapter
+	// DeadLetterPolicy is the group's policy for a dead-lettered event with
+	// an ordering key: DeadLetterHold (the default) blocks the key's later
+	// events until it is requeued, DeadLetterSkip lets them go on. Events
+	// with an ordering key are always delivered one at a time per key and
+	// group, in commit order, whatever MaxInFlight is.
+	DeadLetterPolicy DeadLetterPolicy
 }
 
 // DefaultBackoff doubles from 1 s per attempt, capped at 5 minutes.
@@ -105,7 +111,7 @@ func (c *SubscriberConfig) setDefaults(listening bool) {
 }
 
 func (c *SubscriberConfig) validate() error {
-	probe := ClaimRequest{Stream: "probe", Group: c.ConsumerGroup, Worker: c.Worker, Limit: c.BatchSize, Lease: c.Lease, MaxAttempts: c.MaxAttempts}
+	probe := ClaimRequest{Stream: "probe", Group: c.ConsumerGroup, Worker: c.Worker, Limit: c.BatchSize, Lease: c.Lease, MaxAttempts: c.MaxAttempts, DeadLetterPolicy: c.DeadLetterPolicy}
 	if err := probe.Validate(); err != nil {
 		return err
 	}
@@ -309,6 +315,7 @@ func (sub *subscription) claimLoop() {
 		claimed, err := sub.store.Claim(ctx, ClaimRequest{
 			Stream: sub.topic, Group: sub.cfg.ConsumerGroup, Worker: sub.cfg.Worker,
 			Limit: room, Lease: sub.cfg.Lease, MaxAttempts: sub.cfg.MaxAttempts,
+			DeadLetterPolicy: sub.cfg.DeadLetterPolicy,
 		})
 		cancel()
 		if err != nil {
@@ -418,6 +425,13 @@ func (sub *subscription) deliver(c Claimed) bool {
 		msg.Metadata.Set(MetadataCQRSName, c.Kind)
 	}
 	msg.Metadata.Set(MetadataAttempt, strconv.Itoa(c.Attempts))
+	if c.OrderingKey != "" {
+		msg.Metadata.Set(MetadataOrderingKey, c.OrderingKey)
+		msg.Metadata.Set(MetadataOrderingSeq, strconv.FormatInt(c.OrderingSeq, 10))
+	} else {
+		delete(msg.Metadata, MetadataOrderingKey)
+		delete(msg.Metadata, MetadataOrderingSeq)
+	}
 	msg.Metadata.Set(MetadataEventID, strconv.FormatInt(c.ID, 10))
 	// The message context keeps the Subscribe context's values but not its
 	// cancellation: a router cancels that context as soon as it starts
@@ -505,7 +519,7 @@ func (sub *subscription) fail(c Claimed, msg *message.Message) {
 		reason = "message nacked by handler"
 	}
 	delay := min(max(sub.cfg.Backoff(c.Attempts), 0), MaxDelay)
-	f := Failure{Reason: SanitizeErrorText(reason), MaxAttempts: sub.cfg.MaxAttempts, RetryDelay: delay}
+	f := Failure{Reason: SanitizeErrorText(reason), MaxAttempts: sub.cfg.MaxAttempts, RetryDelay: delay, DeadLetterPolicy: sub.cfg.DeadLetterPolicy}
 	if msg.Metadata.Get(MetadataDeadLetterNow) != "" {
 		f.MaxAttempts = min(max(c.Attempts, 1), MaxAttempts) // retrying cannot help
 	}

@@ -27,6 +27,25 @@ const (
 	// StatusDead is a dead-lettered row: its attempts ran out or the bus
 	// found no handler for it.
 	StatusDead = "dead_letter"
+	// StatusBlocked is an event with an ordering key waiting for the
+	// earlier events of its key, in its consumer group, to be settled; it is
+	// not claimable until then.
+	StatusBlocked = "blocked"
+)
+
+// DeadLetterPolicy says what a dead-lettered event with an ordering key
+// does to the later events of its key in its consumer group; see
+// DeadLetterHold and DeadLetterSkip.
+type DeadLetterPolicy = sqlcore.DeadLetterPolicy
+
+const (
+	// DeadLetterHold (the default) keeps the key blocked behind its
+	// dead-lettered event until that is requeued (it is then delivered
+	// again, before the key's later events).
+	DeadLetterHold = sqlcore.DeadLetterHold
+	// DeadLetterSkip lets the next event of the key be claimed as soon as
+	// its predecessor is dead-lettered.
+	DeadLetterSkip = sqlcore.DeadLetterSkip
 )
 
 // Event is what an application records in its transaction with
@@ -62,6 +81,15 @@ type Event struct {
 	// Delay postpones the first delivery by up to MaxDelay; zero delivers
 	// as soon as the transaction commits.
 	Delay time.Duration
+	// OrderingKey, when set, orders the event among the events of the
+	// same stream and ordering key (for example an aggregate's id): each
+	// consumer group gets them one at a time, in the order their
+	// transactions committed, the next only once the previous one is
+	// settled; events of other keys go on in parallel. Empty (the default)
+	// means unordered. 1-128 characters of [A-Za-z0-9._:-]; part of the
+	// event's identity for idempotency. It may name a business entity, so
+	// String, LogValue and MarshalJSON hide it.
+	OrderingKey string
 }
 
 // Validate checks every bound of the event: the key fields, the payload
@@ -143,6 +171,12 @@ type Claimed struct {
 	LeaseExpiresAt time.Time
 	// CreatedAt is when the event was enqueued, by the database's clock.
 	CreatedAt time.Time
+	// OrderingKey is the event's ordering key, "" when it is unordered.
+	OrderingKey string
+	// OrderingSeq is the event's position among the events of its
+	// ordering key in this consumer group (1 for the first, in commit
+	// order); 0 when it is unordered.
+	OrderingSeq int64
 }
 
 // Receipt returns the id and claim key that settle this claim.
@@ -180,6 +214,10 @@ type ClaimRequest struct {
 	// attempts are used up (their last lease expired) are dead-lettered
 	// instead of claimed.
 	MaxAttempts int
+	// DeadLetterPolicy is the consumer group's policy for events with an
+	// ordering key that the claim dead-letters (their last lease expired);
+	// the zero value is DeadLetterHold.
+	DeadLetterPolicy DeadLetterPolicy
 }
 
 // Validate checks every bound of the request. Claim validates too.
@@ -196,6 +234,9 @@ type Failure struct {
 	MaxAttempts int
 	// RetryDelay postpones the next claim, 0-MaxDelay.
 	RetryDelay time.Duration
+	// DeadLetterPolicy is the consumer group's policy when an event with
+	// an ordering key is dead-lettered; the zero value is DeadLetterHold.
+	DeadLetterPolicy DeadLetterPolicy
 }
 
 // Validate checks every bound of the failure. Fail validates too.
@@ -276,9 +317,15 @@ type StreamStats struct {
 	// wait for another attempt (their retry delay, then a claim); they are
 	// included in Pending.
 	Retrying int64
-	// OldestPendingAge is the age of the oldest pending or processing event
-	// by the database's clock, zero when there is none.
+	// OldestPendingAge is the age of the oldest pending, blocked or
+	// processing event by the database's clock, zero when there is none.
 	OldestPendingAge time.Duration
+	// Blocked counts events waiting behind an earlier event of their
+	// ordering key.
+	Blocked int64
+	// HeldKeys counts ordering keys held by a dead-lettered event (under
+	// DeadLetterHold): their later events wait until it is requeued.
+	HeldKeys int64
 }
 
 // Migration is one versioned step of the outbox schema, as plain SQL for

@@ -697,7 +697,7 @@ func raceOnce(t *testing.T, e *env, name string, first, second outbox.Event, con
 }
 
 // waitForLockWait returns once a transaction of this test's database waits
-// on a lock (PostgreSQL) or runs its outbox insert (MySQL), so a race test
+// on a lock (PostgreSQL) or runs its outbox or key-state insert (MySQL), so a race test
 // knows its second transaction really is inside the database, waiting for
 // the first. SQLite shows no lock waits; there it
 // gives the second transaction a moment to reach BEGIN IMMEDIATE, which
@@ -712,7 +712,7 @@ func (e *env) waitForLockWait(label string) {
 		// MariaDB lists a statement waiting on a row lock in the process
 		// list, not always in INNODB_TRX.
 		query = `SELECT COUNT(*) FROM information_schema.PROCESSLIST
-WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO LIKE 'INSERT INTO millpond_outbox%'`
+WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO LIKE 'INSERT INTO millpond_%'`
 	default:
 		time.Sleep(100 * time.Millisecond)
 		return
@@ -1473,8 +1473,8 @@ func testMigrations(t *testing.T, e *env) {
 	if err := e.s.Migrate(e.ctx); err != nil {
 		t.Fatalf("migrate after down: %v", err)
 	}
-	if n := e.tables(); n != 3 {
-		t.Fatalf("want 3 millpond tables, got %d", n)
+	if n := e.tables(); n != 4 {
+		t.Fatalf("want 4 millpond tables (outbox, subscriptions, ordering, migrations), got %d", n)
 	}
 	if err := e.s.Migrate(e.ctx); err != nil {
 		t.Fatalf("migrate again: %v", err)

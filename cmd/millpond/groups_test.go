@@ -181,7 +181,7 @@ func TestGroupCommands(t *testing.T) {
 			}
 
 			// stats -json and dead list -json: the documented fields, no keys.
-			st := decodeJSON(t, run(exitOK, "stats", "-json"), "stream", "group", "pending", "processing", "dead", "oldest_pending_age_ms")
+			st := decodeJSON(t, run(exitOK, "stats", "-json"), "stream", "group", "pending", "processing", "dead", "oldest_pending_age_ms", "retrying", "blocked", "held_keys")
 			if len(st) != 3 || st[1]["group"] != "billing" || st[1]["dead"] != 2.0 || st[2]["pending"] != 3.0 {
 				t.Errorf("stats -json: %v", st)
 			}

@@ -434,7 +434,9 @@ func textTime(t time.Time) string {
 
 const statsUsage = `Usage: millpond stats [-json] [-db URL]
 
-Count pending, processing and dead-lettered events per stream and consumer group.
+Count pending, processing and dead-lettered events per stream and consumer group,
+the events blocked behind an earlier event of their ordering key, and the ordering
+keys held by a dead-lettered event (requeue it to unblock its key).
 
 With -json, a JSON array with one object per stream and group:
   stream                  the stream
@@ -442,7 +444,10 @@ With -json, a JSON array with one object per stream and group:
   pending                 events waiting for a claim, including delayed retries
   processing              claimed events
   dead                    dead-lettered events
-  oldest_pending_age_ms   age of the oldest pending or processing event in milliseconds, 0 when none
+  oldest_pending_age_ms   age of the oldest pending, blocked or processing event in milliseconds, 0 when none
+  retrying                pending events that failed at least once (included in pending)
+  blocked                 events waiting behind an earlier event of their ordering key
+  held_keys               ordering keys held by a dead-lettered event
 `
 
 // statsJSON is one row of "stats -json"; the field names are stable.
@@ -453,6 +458,9 @@ type statsJSON struct {
 	Processing         int64  `json:"processing"`
 	Dead               int64  `json:"dead"`
 	OldestPendingAgeMS int64  `json:"oldest_pending_age_ms"`
+	Retrying           int64  `json:"retrying"`
+	Blocked            int64  `json:"blocked"`
+	HeldKeys           int64  `json:"held_keys"`
 }
 
 func cmdStats(e *env, args []string) error {
@@ -479,18 +487,19 @@ func cmdStats(e *env, args []string) error {
 		out := make([]statsJSON, len(stats))
 		for i, st := range stats {
 			out[i] = statsJSON{Stream: st.Stream, Group: st.Group, Pending: st.Pending, Processing: st.Processing,
-				Dead: st.Dead, OldestPendingAgeMS: st.OldestPendingAge.Milliseconds()}
+				Dead: st.Dead, OldestPendingAgeMS: st.OldestPendingAge.Milliseconds(), Retrying: st.Retrying,
+				Blocked: st.Blocked, HeldKeys: st.HeldKeys}
 		}
 		return writeJSON(e.stdout, out)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "STREAM\tGROUP\tPENDING\tPROCESSING\tDEAD\tOLDEST_PENDING_AGE")
+	fmt.Fprintln(tw, "STREAM\tGROUP\tPENDING\tPROCESSING\tDEAD\tOLDEST_PENDING_AGE\tBLOCKED\tHELD_KEYS")
 	for _, st := range stats {
 		age := "-"
 		if st.OldestPendingAge > 0 {
 			age = st.OldestPendingAge.Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\n", st.Stream, groupName(st.Group), st.Pending, st.Processing, st.Dead, age)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%d\t%d\n", st.Stream, groupName(st.Group), st.Pending, st.Processing, st.Dead, age, st.Blocked, st.HeldKeys)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write stats: %w", err)

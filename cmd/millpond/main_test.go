@@ -105,8 +105,11 @@ func TestAdminCommand(t *testing.T) {
 			if code != 0 {
 				t.Fatalf("stats: code %d", code)
 			}
-			if got := row(t, stdout, "orders", "(default)"); got[2] != "0" || got[3] != "0" || got[4] != "1" {
-				t.Fatalf("stats row %q: want 0 pending, 0 processing, 1 dead", got)
+			if got := row(t, stdout, "orders", "(default)"); len(got) != 8 || got[2] != "0" || got[3] != "0" || got[4] != "1" || got[6] != "0" || got[7] != "0" {
+				t.Fatalf("stats row %q: want 0 pending, 0 processing, 1 dead, 0 blocked, 0 held keys", got)
+			}
+			if !strings.Contains(stdout, "BLOCKED") || !strings.Contains(stdout, "HELD_KEYS") {
+				t.Fatalf("stats header lacks the ordering columns: %q", stdout)
 			}
 
 			code, stdout, _ = cli(t, nil, append(flagDB, "dead", "list", "-stream", "orders")...)

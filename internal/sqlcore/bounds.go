@@ -50,6 +50,15 @@ func ValidateKey(field, value string) error {
 	return nil
 }
 
+// ValidateOrderingKey checks an event's ordering key: empty (unordered) or
+// 1-MaxKeyLen characters of [A-Za-z0-9._:-].
+func ValidateOrderingKey(key string) error {
+	if key == "" {
+		return nil
+	}
+	return ValidateKey("ordering key", key)
+}
+
 // ValidateGroup checks a consumer group; the empty string is the default group.
 func ValidateGroup(group string) error {
 	if group == "" {

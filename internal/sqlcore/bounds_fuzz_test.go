@@ -281,7 +281,8 @@ func FuzzCompile(f *testing.F) {
 func TestStatementsBindEveryParameter(t *testing.T) {
 	known := map[string]bool{}
 	for _, n := range []string{"now", "stream", "group", "key", "kind", "payload", "metadata", "hash", "delay", "worker",
-		"limit", "max", "lease", "ids", "keys", "id", "reason", "all_groups", "after", "horizon", "expires"} {
+		"limit", "max", "lease", "ids", "keys", "id", "reason", "all_groups", "after", "horizon", "expires",
+		"hold", "okey", "seq", "status", "head"} {
 		known[n] = true
 	}
 	for _, d := range []Dialect{Postgres, MySQL, SQLite} {
@@ -291,6 +292,11 @@ func TestStatementsBindEveryParameter(t *testing.T) {
 			"ack": s.ack, "ackMark": s.ackMark, "fail": s.fail, "failStatus": s.failStatus, "extend": s.extend, "extendCheck": s.extendCheck,
 			"release": s.release, "requeue": s.requeue, "listDead": s.listDead, "purge": s.purge, "stats": s.stats,
 			"register": s.register, "unregister": s.unregister, "now": s.now,
+			"enqueueOrdered": s.enqueueOrdered, "enqueueOrderedNotify": s.enqueueOrderedNotify, "orderedGroups": s.orderedGroups,
+			"bumpKey": s.bumpKey, "keyState": s.keyState, "insertOrdered": s.insertOrdered, "unbumpKey": s.unbumpKey,
+			"ackOrdered": s.ackOrdered, "failSkip": s.failSkip, "releaseKey": s.releaseKey, "keyUnsettled": s.keyUnsettled,
+			"promote": s.promote, "orderedDead": s.orderedDead, "requeueHead": s.requeueHead, "rejoinKey": s.rejoinKey,
+			"requeueRejoined": s.requeueRejoined, "deadOrdering": s.deadOrdering,
 		} {
 			for _, n := range q.names {
 				if !known[n] {

@@ -94,9 +94,16 @@ func fromMicros(us int64) time.Time {
 }
 
 // contentHash identifies an event's content for idempotency: the SHA-256
-// of kind and payload.
-func contentHash(kind string, payload []byte) []byte {
+// of kind and payload, and of the ordering key when there is one (so that
+// the same key enqueued again with another ordering key is a conflict).
+// Neither kinds nor ordering keys contain bytes 0 or 1, so the two forms
+// cannot collide.
+func contentHash(kind string, payload []byte, orderingKey string) []byte {
 	h := sha256.New()
+	if orderingKey != "" {
+		h.Write([]byte(orderingKey))
+		h.Write([]byte{1})
+	}
 	h.Write([]byte(kind))
 	h.Write([]byte{0})
 	h.Write(payload)
@@ -154,7 +161,10 @@ func (c *Core) Enqueue(ctx context.Context, tx Executor, ev Event, notify bool) 
 	if payload == nil {
 		payload = []byte{}
 	}
-	hash := contentHash(ev.Kind, payload)
+	hash := contentHash(ev.Kind, payload, ev.OrderingKey)
+	if ev.OrderingKey != "" {
+		return c.enqueueOrdered(ctx, tx, ev, payload, md, hash, notify)
+	}
 	stmt := c.stmts.enqueue
 	if notify && c.dialect == Postgres {
 		stmt = c.stmts.enqueueNotify
@@ -275,6 +285,7 @@ func (c *Core) Claim(ctx context.Context, req ClaimRequest) ([]Claimed, error) {
 	rows, err := c.db.QueryContext(ctx, q.text, q.args(map[string]any{
 		"stream": req.Stream, "group": req.Group, "worker": req.Worker, "limit": req.Limit,
 		"max": req.MaxAttempts, "lease": micros(req.Lease), "now": c.nowArg(),
+		"hold": req.DeadLetterPolicy == DeadLetterHold,
 	})...)
 	if err != nil {
 		return nil, err
@@ -285,7 +296,7 @@ func (c *Core) Claim(ctx context.Context, req ClaimRequest) ([]Claimed, error) {
 		var cl Claimed
 		var md string
 		var expires, created int64
-		dest := []any{&cl.ID, &cl.Stream, &cl.Group, &cl.Key, &cl.Kind, &cl.Payload, &md, &cl.Attempts, &cl.ClaimKey, &expires, &created}
+		dest := []any{&cl.ID, &cl.Stream, &cl.Group, &cl.Key, &cl.Kind, &cl.Payload, &md, &cl.Attempts, &cl.ClaimKey, &expires, &created, &cl.OrderingKey, &cl.OrderingSeq}
 		var status string
 		if c.dialect == SQLite {
 			dest = append(dest, &status)
@@ -308,7 +319,10 @@ func (c *Core) Claim(ctx context.Context, req ClaimRequest) ([]Claimed, error) {
 	if c.dialect == SQLite {
 		slices.SortFunc(out, func(a, b Claimed) int { return cmp.Compare(a.ID, b.ID) })
 	}
-	return out, rows.Close()
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	return c.settleExhausted(ctx, req, out), nil
 }
 
 // claimMySQL locks due rows with SKIP LOCKED, then claims or dead-letters
@@ -329,11 +343,13 @@ func (c *Core) claimMySQL(ctx context.Context, req ClaimRequest) ([]Claimed, err
 			var cl Claimed
 			var md, status string
 			var created, availableAt int64
-			if err := rows.Scan(&cl.ID, &cl.Stream, &cl.Group, &cl.Key, &cl.Kind, &cl.Payload, &md, &cl.Attempts, &cl.ClaimKey, &availableAt, &created, &status); err != nil {
+			if err := rows.Scan(&cl.ID, &cl.Stream, &cl.Group, &cl.Key, &cl.Kind, &cl.Payload, &md, &cl.Attempts, &cl.ClaimKey, &availableAt, &created, &cl.OrderingKey, &cl.OrderingSeq, &status); err != nil {
 				rows.Close()
 				return err
 			}
-			if cl.Attempts >= req.MaxAttempts {
+			// Under DeadLetterSkip an exhausted row with an ordering key is
+			// claimed once more and settled by settleExhausted (see deadAt).
+			if cl.Attempts >= req.MaxAttempts && (req.DeadLetterPolicy == DeadLetterHold || cl.OrderingKey == "") {
 				dead = append(dead, cl.ID)
 				continue
 			}
@@ -385,7 +401,7 @@ func (c *Core) claimMySQL(ctx context.Context, req ClaimRequest) ([]Claimed, err
 	if err != nil {
 		return nil, err
 	}
-	return out, nil
+	return c.settleExhausted(ctx, req, out), nil
 }
 
 // AcknowledgeBatch marks delivered every receipt whose claim key still owns
@@ -395,6 +411,7 @@ func (c *Core) AcknowledgeBatch(ctx context.Context, rs []Receipt) (stale []Rece
 	if err := validateReceipts(rs); err != nil {
 		return nil, err
 	}
+	rs = sortedReceipts(rs)
 	var settled map[int64]bool
 	if c.dialect == MySQL {
 		err = inTxRetry(ctx, c.db, &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
@@ -402,12 +419,39 @@ func (c *Core) AcknowledgeBatch(ctx context.Context, rs []Receipt) (stale []Rece
 			return err
 		})
 	} else {
+		// Events without an ordering key are acknowledged in one statement,
+		// as before ordering keys existed; the others (and stale receipts,
+		// which change nothing) in a transaction that also promotes the
+		// next event of each key.
 		settled, err = c.ack(ctx, c.db, rs)
+		if rest := staleOf(rs, settled); err == nil && len(rest) > 0 {
+			err = inTxRetry(ctx, c.db, &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
+				done, err := c.ackOrderedRows(ctx, tx, rest)
+				if err != nil {
+					return err
+				}
+				for id := range done {
+					settled[id] = true
+				}
+				return nil
+			})
+		}
 	}
 	if err != nil {
 		return nil, err
 	}
 	return staleOf(rs, settled), nil
+}
+
+// sortedReceipts returns the receipts in id order, so that statements over
+// several rows lock them in the same order everywhere.
+func sortedReceipts(rs []Receipt) []Receipt {
+	if slices.IsSortedFunc(rs, func(a, b Receipt) int { return cmp.Compare(a.ID, b.ID) }) {
+		return rs
+	}
+	out := slices.Clone(rs)
+	slices.SortFunc(out, func(a, b Receipt) int { return cmp.Compare(a.ID, b.ID) })
+	return out
 }
 
 // AcknowledgeInTx is AcknowledgeBatch inside the caller's open transaction
@@ -420,9 +464,19 @@ func (c *Core) AcknowledgeInTx(ctx context.Context, ex Executor, rs []Receipt) (
 	if err := validateReceipts(rs); err != nil {
 		return nil, err
 	}
+	rs = sortedReceipts(rs)
 	settled, err := c.ack(ctx, ex, rs)
 	if err != nil {
 		return nil, err
+	}
+	if rest := staleOf(rs, settled); len(rest) > 0 && c.dialect != MySQL {
+		done, err := c.ackOrderedRows(ctx, ex, rest)
+		if err != nil {
+			return nil, err
+		}
+		for id := range done {
+			settled[id] = true
+		}
 	}
 	return staleOf(rs, settled), nil
 }
@@ -452,13 +506,20 @@ func (c *Core) ack(ctx context.Context, ex Executor, rs []Receipt) (map[int64]bo
 		return c.queryIDs(ctx, ex, text, append(c.stmts.ack.args(map[string]any{"now": c.nowArg()}), extra...))
 	}
 	text, extra := expandPairs(c.dialect, c.stmts.ack.text, rs)
-	live, err := c.queryIDs(ctx, ex, text, append(c.stmts.ack.args(map[string]any{"now": c.nowArg()}), extra...))
+	rows, err := ex.QueryContext(ctx, text, append(c.stmts.ack.args(map[string]any{"now": c.nowArg()}), extra...)...)
+	if err != nil {
+		return nil, err
+	}
+	live, keys, err := scanSettledRows(rows)
 	if err != nil || len(live) == 0 {
 		return live, err
 	}
-	text, extra = expandIDs(c.stmts.ackMark.text, slices.Collect(maps.Keys(live)))
-	_, err = ex.ExecContext(ctx, text, append(c.stmts.ackMark.args(map[string]any{"now": c.nowArg()}), extra...)...)
-	return live, err
+	ids := slices.Sorted(maps.Keys(live))
+	text, extra = expandIDs(c.stmts.ackMark.text, ids)
+	if _, err = ex.ExecContext(ctx, text, append(c.stmts.ackMark.args(map[string]any{"now": c.nowArg()}), extra...)...); err != nil {
+		return nil, err
+	}
+	return live, c.releaseKeys(ctx, ex, keys)
 }
 
 func splitReceipts(rs []Receipt) ([]int64, []string) {
@@ -502,6 +563,9 @@ func (c *Core) Fail(ctx context.Context, r Receipt, f Failure) (FailOutcome, err
 		return FailOutcome{}, err
 	}
 	vals := map[string]any{"id": r.ID, "key": r.ClaimKey, "max": f.MaxAttempts, "delay": micros(f.RetryDelay), "reason": f.Reason, "now": c.nowArg()}
+	if f.DeadLetterPolicy == DeadLetterSkip {
+		return c.failSkip(ctx, vals)
+	}
 	var status string
 	found := false
 	if c.dialect == MySQL {
@@ -521,7 +585,8 @@ func (c *Core) Fail(ctx context.Context, r Receipt, f Failure) (FailOutcome, err
 			}
 			defer rows.Close()
 			if rows.Next() {
-				return rows.Scan(&status)
+				var stream, group, okey string
+				return rows.Scan(&status, &stream, &group, &okey)
 			}
 			return rowsErr(rows)
 		})
@@ -717,7 +782,11 @@ func (c *Core) Requeue(ctx context.Context, stream string, ids []int64) (int, er
 		return 0, err
 	}
 	n, err := res.RowsAffected()
-	return int(n), err
+	if err != nil {
+		return 0, err
+	}
+	m, err := c.requeueOrdered(ctx, stream, ids)
+	return int(n) + m, err
 }
 
 // Reroute moves dead-lettered events of the stream's default group ("",
@@ -750,6 +819,13 @@ func (c *Core) Reroute(ctx context.Context, stream string, ids []int64) (int, er
 			if len(groups) == 0 {
 				continue
 			}
+			// The copies are delivered without their ordering key; a
+			// dead row that still held its key in the default group
+			// releases it when it leaves.
+			okey, held, err := c.deadOrdering(ctx, tx, id)
+			if err != nil {
+				return err
+			}
 			for _, g := range groups {
 				st := c.stmts.copyToGroup
 				if _, err := tx.ExecContext(ctx, st.text, st.args(map[string]any{"group": g, "now": c.nowArg(), "id": id})...); err != nil {
@@ -758,6 +834,11 @@ func (c *Core) Reroute(ctx context.Context, stream string, ids []int64) (int, er
 			}
 			if _, err := tx.ExecContext(ctx, c.stmts.deleteRow.text, c.stmts.deleteRow.args(map[string]any{"id": id})...); err != nil {
 				return err
+			}
+			if okey != "" && held {
+				if err := c.releaseKeys(ctx, tx, []orderKey{{stream: stream, group: "", key: okey}}); err != nil {
+					return err
+				}
 			}
 			moved++
 		}
@@ -817,7 +898,7 @@ func (c *Core) Stats(ctx context.Context) ([]StreamStats, error) {
 	for rows.Next() {
 		var s StreamStats
 		var oldest, now int64
-		if err := rows.Scan(&s.Stream, &s.Group, &s.Pending, &s.Processing, &s.Dead, &s.Retrying, &oldest, &now); err != nil {
+		if err := rows.Scan(&s.Stream, &s.Group, &s.Pending, &s.Processing, &s.Dead, &s.Retrying, &oldest, &now, &s.Blocked, &s.HeldKeys); err != nil {
 			return nil, err
 		}
 		if oldest > 0 && now > oldest {

@@ -47,4 +47,7 @@ var (
 	// ErrGroupNotRegistered reports a consumer group that is not registered
 	// for the stream and has nothing to discard. Nothing was changed.
 	ErrGroupNotRegistered = errors.New("consumer group is not registered for the stream")
+	// ErrInvalidPolicy reports a dead-letter policy other than hold and
+	// skip.
+	ErrInvalidPolicy = errors.New("invalid dead-letter policy")
 )

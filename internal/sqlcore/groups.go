@@ -236,11 +236,15 @@ func sortedIDs(set map[int64]bool) []int64 {
 	return ids
 }
 
-// lockedRow is a row a locking read took: its id, state and kind.
+// lockedRow is a row a locking read took: its id, state, kind, group and
+// ordering key, and whether its key was let go already.
 type lockedRow struct {
-	id     int64
-	status string
-	kind   string
+	id          int64
+	status      string
+	kind        string
+	group       string
+	orderingKey string
+	keyReleased bool
 }
 
 // lockRows runs a lock statement over ids (sorted and without repeats, so
@@ -259,7 +263,7 @@ func (c *Core) lockRows(ctx context.Context, tx Tx, lock query, stream string, i
 	var out []lockedRow
 	for rows.Next() {
 		var r lockedRow
-		if err := rows.Scan(&r.id, &r.status, &r.kind); err != nil {
+		if err := rows.Scan(&r.id, &r.status, &r.kind, &r.group, &r.orderingKey, &r.keyReleased); err != nil {
 			return nil, err
 		}
 		out = append(out, r)
@@ -293,7 +297,9 @@ func (c *Core) lifecycleTx(ctx context.Context, fn func(Tx) error) error {
 }
 
 // deleteChunk locks, in id order, the rows among ids that lock still
-// selects, deletes them in the same transaction and returns them.
+// selects, deletes them in the same transaction and returns them. A deleted
+// dead letter that held its ordering key lets the key go in the same
+// transaction, so the key's next event becomes claimable.
 func (c *Core) deleteChunk(ctx context.Context, lock query, stream string, ids []int64) ([]lockedRow, error) {
 	var gone []lockedRow
 	err := c.lifecycleTx(ctx, func(tx Tx) error {
@@ -306,8 +312,16 @@ func (c *Core) deleteChunk(ctx context.Context, lock query, stream string, ids [
 			del[i] = r.id
 		}
 		text, args := c.withIDs(c.stmts.lifecycle.deleteIDs, map[string]any{}, del)
-		_, err = tx.ExecContext(ctx, text, args...)
-		return err
+		if _, err = tx.ExecContext(ctx, text, args...); err != nil {
+			return err
+		}
+		var held []orderKey
+		for _, r := range gone {
+			if r.status == StatusDead && r.orderingKey != "" && !r.keyReleased {
+				held = append(held, orderKey{stream: stream, group: r.group, key: r.orderingKey})
+			}
+		}
+		return c.releaseKeys(ctx, tx, held)
 	})
 	if err != nil {
 		return nil, err
@@ -414,7 +428,7 @@ func (c *Core) RetireGroup(ctx context.Context, r RetireRequest) (Retired, error
 			gone, err := c.deleteChunk(ctx, ls.lockUndelivered, r.Stream, ids)
 			for _, g := range gone {
 				switch g.status {
-				case StatusPending:
+				case StatusPending, StatusBlocked:
 					res.Pending++
 				case StatusProcessing:
 					res.Processing++
@@ -427,6 +441,10 @@ func (c *Core) RetireGroup(ctx context.Context, r RetireRequest) (Retired, error
 		if err != nil {
 			return res, fmt.Errorf("unregistered, then discarding its events: %w", err)
 		}
+	}
+	// Its events are gone, and so are the states of its ordering keys.
+	if _, err := c.db.ExecContext(ctx, ls.forgetKeys.text, ls.forgetKeys.args(vals)...); err != nil {
+		return res, fmt.Errorf("unregistered and discarded its events, then forgetting its ordering keys: %w", err)
 	}
 	return res, nil
 }

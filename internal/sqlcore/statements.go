@@ -42,15 +42,45 @@ type statements struct {
 	copyToGroup    query // reroute: a pending copy of a row for one group
 	deleteRow      query
 	now            query
-	migrationsDDL  string
-	appliedSQL     string
-	recordSQL      string
-	lifecycle      lifecycleStatements // group lifecycle and dead-letter discards (groups.go)
+
+	// Ordering keys (see orderedEnqueue and releaseKey).
+	enqueueOrdered       query // PostgreSQL: key state and rows in one statement
+	enqueueOrderedNotify query
+	orderedGroups        query // MySQL, SQLite: the groups an event goes to
+	bumpKey              query // MySQL, SQLite: next sequence number, one more unsettled event
+	keyState             query // MySQL: what bumpKey wrote
+	insertOrdered        query // MySQL, SQLite: one group's row
+	unbumpKey            query // undo bumpKey when the row already existed
+	ackOrdered           query // PostgreSQL, SQLite: acknowledge rows with an ordering key ({pairs} on SQLite)
+	failSkip             query // Fail under DeadLetterSkip
+	releaseKey           query // one event of a key settled: one fewer unsettled
+	keyUnsettled         query // MySQL: what releaseKey wrote
+	promote              query // the next blocked event of a key becomes pending
+	orderedDead          query // requeue: dead rows with an ordering key ({ids})
+	requeueHead          query // requeue a dead row that still holds its key
+	rejoinKey            query // requeue: a released dead row rejoins its key
+	requeueRejoined      query
+	deadOrdering         query // reroute: the ordering key of a dead default-group row
+
+	migrationsDDL string
+	appliedSQL    string
+	recordSQL     string
+	lifecycle     lifecycleStatements // group lifecycle and dead-letter discards (groups.go)
 }
 
 const insertColsFor = "INSERT INTO millpond_outbox (stream, consumer_group, event_key, event_kind, payload, metadata, content_hash, status, available_at, created_at)\n"
 
-const claimColumns = "id, stream, consumer_group, event_key, event_kind, payload, metadata, attempts, claim_key, available_at, created_at"
+const claimColumns = "id, stream, consumer_group, event_key, event_kind, payload, metadata, attempts, claim_key, available_at, created_at, ordering_key, ordering_seq"
+
+// deadAt is the claim's dead-letter test for a row (prefix "o." or ""):
+// its attempts are used up, and it has no ordering key or the group holds
+// dead keys. Under DeadLetterSkip an exhausted row with an ordering key is
+// claimed once more instead (attempts then exceed the limit) and settled by
+// Core.Claim through the skip path, which promotes the next event of its key
+// in the same transaction.
+func deadAt(prefix, hold string) string {
+	return "(" + prefix + "attempts >= @max AND (" + hold + " OR " + prefix + "ordering_key = ''))"
+}
 
 func newStatements(d Dialect) *statements {
 	s := &statements{}
@@ -67,12 +97,37 @@ ORDER BY id LIMIT @limit`)
   SUM(CASE WHEN status = 'processing' THEN 1 ELSE 0 END),
   SUM(CASE WHEN status = 'dead_letter' THEN 1 ELSE 0 END),
   SUM(CASE WHEN status = 'pending' AND attempts > 0 THEN 1 ELSE 0 END),
-  COALESCE(MIN(CASE WHEN status IN ('pending', 'processing') THEN created_at END), 0),
-  MAX(@now)
+  COALESCE(MIN(CASE WHEN status IN ('pending', 'processing', 'blocked') THEN created_at END), 0),
+  MAX(@now),
+  SUM(CASE WHEN status = 'blocked' THEN 1 ELSE 0 END),
+  SUM(CASE WHEN status = 'dead_letter' AND ordering_key <> '' AND NOT key_released THEN 1 ELSE 0 END)
 FROM millpond_outbox
-WHERE status IN ('pending', 'processing', 'dead_letter')
+WHERE status IN ('pending', 'processing', 'dead_letter', 'blocked')
 GROUP BY stream, consumer_group
 ORDER BY stream, consumer_group`)
+	s.orderedGroups = c(`SELECT DISTINCT consumer_group FROM millpond_subscriptions WHERE stream = @stream AND event_kind IN ('', @kind)
+ORDER BY consumer_group`)
+	s.unbumpKey = c(`UPDATE millpond_ordering SET last_seq = last_seq - 1, unsettled = unsettled - 1
+WHERE stream = @stream AND consumer_group = @group AND ordering_key = @okey`)
+	lockDead := ""
+	if d != SQLite {
+		lockDead = "\nFOR UPDATE"
+	}
+	idList := "id IN ({ids})"
+	if d == Postgres {
+		idList = "id = ANY(@ids::BIGINT[])"
+	}
+	s.orderedDead = c(`SELECT id, consumer_group, ordering_key, key_released FROM millpond_outbox
+WHERE status = 'dead_letter' AND stream = @stream AND ordering_key <> '' AND ` + idList + `
+ORDER BY id` + lockDead)
+	s.deadOrdering = c("SELECT ordering_key, key_released FROM millpond_outbox WHERE id = @id")
+	if d == Postgres {
+		s.releaseKey = c("UPDATE millpond_ordering SET unsettled = unsettled - 1 WHERE stream = @stream AND consumer_group = @group AND ordering_key = @okey RETURNING unsettled")
+		s.rejoinKey = c(`INSERT INTO millpond_ordering (stream, consumer_group, ordering_key, last_seq, unsettled)
+VALUES (@stream, @group, @okey, 0, 1)
+ON CONFLICT (stream, consumer_group, ordering_key) DO UPDATE SET unsettled = millpond_ordering.unsettled + 1
+RETURNING unsettled`)
+	}
 	s.unregister = c("DELETE FROM millpond_subscriptions WHERE stream = @stream AND consumer_group = @group")
 	s.deadKind = c("SELECT event_kind FROM millpond_outbox WHERE id = @id AND stream = @stream AND consumer_group = '' AND status = 'dead_letter'")
 	s.kindGroups = c(fmt.Sprintf(takersOf, "@kind"))
@@ -124,6 +179,7 @@ RETURNING id`
 		// once, whether or not a row is inserted.
 		s.enqueueNotify = c(fmt.Sprintf(enqueue, `,
 n AS (SELECT pg_notify('`+NotifyChannel+`', @stream::TEXT))`, ", n"))
+		dead := deadAt("o.", "@hold::BOOLEAN")
 		s.claim = c(`WITH due AS (
   SELECT id FROM millpond_outbox
   WHERE stream = @stream AND consumer_group = @group AND NOT settled AND available_at <= @now
@@ -131,21 +187,78 @@ n AS (SELECT pg_notify('`+NotifyChannel+`', @stream::TEXT))`, ", n"))
   FOR UPDATE SKIP LOCKED
 ), claimed AS (
   UPDATE millpond_outbox o SET
-    status = CASE WHEN o.attempts >= @max THEN 'dead_letter' ELSE 'processing' END,
-    settled = o.attempts >= @max,
-    attempts = CASE WHEN o.attempts >= @max THEN o.attempts ELSE o.attempts + 1 END,
+    status = CASE WHEN ` + dead + ` THEN 'dead_letter' ELSE 'processing' END,
+    settled = ` + dead + `,
+    attempts = CASE WHEN ` + dead + ` THEN o.attempts ELSE o.attempts + 1 END,
     claimed_by = @worker,
-    claim_key = CASE WHEN o.attempts >= @max THEN '' ELSE replace(gen_random_uuid()::TEXT, '-', '') END,
-    last_error = CASE WHEN o.attempts >= @max AND o.status = 'processing' THEN '` + lastErrorLeaseExpired + `' ELSE o.last_error END,
+    claim_key = CASE WHEN ` + dead + ` THEN '' ELSE replace(gen_random_uuid()::TEXT, '-', '') END,
+    last_error = CASE WHEN ` + dead + ` AND o.status = 'processing' THEN '` + lastErrorLeaseExpired + `' ELSE o.last_error END,
     available_at = @now + @lease::BIGINT
   FROM due WHERE o.id = due.id
-  RETURNING o.id, o.stream, o.consumer_group, o.event_key, o.event_kind, o.payload, o.metadata, o.attempts, o.claim_key, o.available_at, o.created_at, o.status
+  RETURNING o.id, o.stream, o.consumer_group, o.event_key, o.event_kind, o.payload, o.metadata, o.attempts, o.claim_key, o.available_at, o.created_at, o.ordering_key, o.ordering_seq, o.status
 )
 SELECT ` + claimColumns + ` FROM claimed WHERE status = 'processing' ORDER BY id`)
+		// Rows without an ordering key settle alone, in one statement; rows
+		// with one go through ackOrdered in a transaction that also
+		// promotes the next event of their key.
 		s.ack = c(`UPDATE millpond_outbox o SET status = 'delivered', settled = true, delivered_at = @now
 FROM unnest(@ids::BIGINT[], @keys::TEXT[]) AS r(id, claim_key)
-WHERE o.id = r.id AND o.claim_key = r.claim_key AND o.status = 'processing' AND o.available_at > @now
+WHERE o.id = r.id AND o.claim_key = r.claim_key AND o.status = 'processing' AND o.available_at > @now AND o.ordering_key = ''
 RETURNING o.id`)
+		s.ackOrdered = c(`UPDATE millpond_outbox o SET status = 'delivered', settled = true, delivered_at = @now
+FROM unnest(@ids::BIGINT[], @keys::TEXT[]) AS r(id, claim_key)
+WHERE o.id = r.id AND o.claim_key = r.claim_key AND o.status = 'processing' AND o.available_at > @now AND o.ordering_key <> ''
+RETURNING o.id, o.stream, o.consumer_group, o.ordering_key`)
+		s.failSkip = c(`UPDATE millpond_outbox SET
+  status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'pending' END,
+  settled = attempts >= @max,
+  attempts = LEAST(attempts, @max),
+  key_released = attempts >= @max AND ordering_key <> '',
+  available_at = @now + @delay::BIGINT, last_error = @reason
+WHERE id = @id AND claim_key = @key AND status = 'processing' AND available_at > @now
+RETURNING status, stream, consumer_group, ordering_key`)
+		// Blocked rows are settled (out of the claim index) but not
+		// delivered, like dead letters; the blocked index holds both kinds
+		// of rows with an ordering key.
+		s.promote = c(`UPDATE millpond_outbox SET status = 'pending', settled = false, available_at = GREATEST(available_at, @now)
+WHERE id = (SELECT id FROM millpond_outbox
+  WHERE stream = @stream AND consumer_group = @group AND ordering_key = @okey
+    AND settled AND delivered_at IS NULL AND ordering_key <> '' AND status = 'blocked'
+  ORDER BY ordering_seq LIMIT 1)`)
+		s.requeueHead = c(`UPDATE millpond_outbox SET status = 'pending', settled = false, attempts = 0, available_at = @now, last_error = '', key_released = false WHERE id = @id`)
+		s.requeueRejoined = c(`UPDATE millpond_outbox SET
+  status = CASE WHEN @head::BOOLEAN THEN 'pending' ELSE 'blocked' END,
+  settled = NOT @head::BOOLEAN,
+  attempts = 0, available_at = @now, last_error = '', key_released = false WHERE id = @id`)
+		// The key state rows are locked in group order, so producers of one
+		// key that fan out to several groups never deadlock on them. After
+		// waiting for another producer of the key, ON CONFLICT DO UPDATE
+		// reads the row's latest version; the rows' status follows from it.
+		enqueueOrdered := `WITH g AS (
+  SELECT DISTINCT consumer_group FROM millpond_subscriptions WHERE stream = @stream AND event_kind IN ('', @kind::VARCHAR)),
+r AS (SELECT consumer_group FROM g UNION ALL SELECT '' WHERE NOT EXISTS (SELECT 1 FROM g)),
+st AS (
+  INSERT INTO millpond_ordering (stream, consumer_group, ordering_key, last_seq, unsettled)
+  SELECT @stream::VARCHAR, r.consumer_group, @okey::VARCHAR, 1, 1 FROM r
+  WHERE NOT EXISTS (SELECT 1 ` + known + `)
+  ORDER BY r.consumer_group
+  ON CONFLICT (stream, consumer_group, ordering_key) DO UPDATE
+    SET last_seq = millpond_ordering.last_seq + 1, unsettled = millpond_ordering.unsettled + 1
+  RETURNING consumer_group, last_seq, unsettled
+)%s,
+ins AS (
+  INSERT INTO millpond_outbox (stream, consumer_group, event_key, event_kind, payload, metadata, content_hash, status, settled, available_at, created_at, ordering_key, ordering_seq)
+  SELECT @stream::VARCHAR, st.consumer_group, @key::VARCHAR, @kind::VARCHAR, @payload::BYTEA, @metadata::TEXT, @hash::BYTEA,
+    CASE WHEN st.unsettled = 1 THEN 'pending' ELSE 'blocked' END, st.unsettled <> 1,
+    @now + @delay::BIGINT, @now, @okey::VARCHAR, st.last_seq
+  FROM st%s
+  ON CONFLICT (stream, event_key, consumer_group) DO NOTHING
+  RETURNING id, consumer_group
+)
+SELECT st.consumer_group, COALESCE(ins.id, 0) FROM st LEFT JOIN ins ON ins.consumer_group = st.consumer_group`
+		s.enqueueOrdered = c(fmt.Sprintf(enqueueOrdered, "", ""))
+		s.enqueueOrderedNotify = c(fmt.Sprintf(enqueueOrdered, `,
+n AS (SELECT pg_notify('`+NotifyChannel+`', @stream::TEXT))`, ", n"))
 		s.fail = c(`UPDATE millpond_outbox SET
   status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'pending' END,
   settled = attempts >= @max,
@@ -160,11 +273,11 @@ RETURNING o.id, o.available_at`)
 FROM unnest(@ids::BIGINT[], @keys::TEXT[]) AS r(id, claim_key)
 WHERE o.id = r.id AND o.claim_key = r.claim_key AND o.status = 'processing' AND o.available_at > @now`)
 		s.requeue = c(`UPDATE millpond_outbox SET status = 'pending', settled = false, attempts = 0, available_at = @now, last_error = ''
-WHERE status = 'dead_letter' AND stream = @stream AND id = ANY(@ids::BIGINT[])`)
+WHERE status = 'dead_letter' AND stream = @stream AND id = ANY(@ids::BIGINT[]) AND ordering_key = ''`)
 		// The dead-letter index filters on settled (see the schema).
 		s.listDead = c(`SELECT id, stream, consumer_group, event_key, event_kind, attempts, last_error, created_at
 FROM millpond_outbox
-WHERE settled AND delivered_at IS NULL AND stream = @stream AND (@all_groups OR consumer_group = @group) AND id > @after
+WHERE settled AND delivered_at IS NULL AND status = 'dead_letter' AND stream = @stream AND (@all_groups OR consumer_group = @group) AND id > @after
 ORDER BY id LIMIT @limit`)
 		s.purge = c(`DELETE FROM millpond_outbox WHERE id IN (
   SELECT id FROM millpond_outbox WHERE status = 'delivered' AND delivered_at < @now - @horizon::BIGINT
@@ -192,7 +305,7 @@ FOR UPDATE SKIP LOCKED`)
   status = 'dead_letter', claimed_by = @worker, claim_key = ''
 WHERE id IN ({ids})`)
 		s.claimUpdate = "UPDATE millpond_outbox SET status = 'processing', attempts = attempts + 1, claimed_by = ?, available_at = ?, claim_key = CASE id {cases} END WHERE id IN ({ids})"
-		s.ack = c(`SELECT id FROM millpond_outbox
+		s.ack = c(`SELECT id, stream, consumer_group, ordering_key FROM millpond_outbox
 WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})
 FOR UPDATE`)
 		s.ackMark = c(`UPDATE millpond_outbox SET status = 'delivered', delivered_at = @now WHERE id IN ({ids})`)
@@ -200,14 +313,40 @@ FOR UPDATE`)
   status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'pending' END,
   available_at = @now + @delay, last_error = @reason
 WHERE id = @id AND claim_key = @key AND status = 'processing' AND available_at > @now`)
-		s.failStatus = c("SELECT status FROM millpond_outbox WHERE id = @id")
+		s.failStatus = c("SELECT status, stream, consumer_group, ordering_key FROM millpond_outbox WHERE id = @id")
+		// MySQL assigns left to right, each expression seeing the columns
+		// already assigned: attempts is assigned last.
+		s.failSkip = c(`UPDATE millpond_outbox SET
+  key_released = (attempts >= @max AND ordering_key <> ''),
+  status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'pending' END,
+  available_at = @now + @delay, last_error = @reason,
+  attempts = LEAST(attempts, @max)
+WHERE id = @id AND claim_key = @key AND status = 'processing' AND available_at > @now`)
+		s.promote = c(`UPDATE millpond_outbox SET status = 'pending', available_at = GREATEST(available_at, @now)
+WHERE stream = @stream AND consumer_group = @group AND ordering_key = @okey AND status = 'blocked'
+ORDER BY ordering_seq LIMIT 1`)
+		s.bumpKey = c(`INSERT INTO millpond_ordering (stream, consumer_group, ordering_key, last_seq, unsettled)
+VALUES (@stream, @group, @okey, 1, 1)
+ON DUPLICATE KEY UPDATE last_seq = last_seq + 1, unsettled = unsettled + 1`)
+		s.keyState = c("SELECT last_seq, unsettled FROM millpond_ordering WHERE stream = @stream AND consumer_group = @group AND ordering_key = @okey")
+		s.keyUnsettled = c("SELECT unsettled FROM millpond_ordering WHERE stream = @stream AND consumer_group = @group AND ordering_key = @okey")
+		s.releaseKey = c("UPDATE millpond_ordering SET unsettled = unsettled - 1 WHERE stream = @stream AND consumer_group = @group AND ordering_key = @okey")
+		s.rejoinKey = c(`INSERT INTO millpond_ordering (stream, consumer_group, ordering_key, last_seq, unsettled)
+VALUES (@stream, @group, @okey, 0, 1)
+ON DUPLICATE KEY UPDATE unsettled = unsettled + 1`)
+		s.insertOrdered = c(insertCols[:len(insertCols)-2] + `, ordering_key, ordering_seq)
+VALUES (@stream, @group, @key, @kind, @payload, @metadata, @hash, @status, @now + @delay, @now, @okey, @seq)
+ON DUPLICATE KEY UPDATE millpond_outbox.id = millpond_outbox.id`)
+		s.requeueHead = c(`UPDATE millpond_outbox SET status = 'pending', attempts = 0, available_at = @now, last_error = '', key_released = 0 WHERE id = @id`)
+		s.requeueRejoined = c(`UPDATE millpond_outbox SET status = CASE WHEN @head THEN 'pending' ELSE 'blocked' END,
+  attempts = 0, available_at = @now, last_error = '', key_released = 0 WHERE id = @id`)
 		s.extend = c(`UPDATE millpond_outbox SET available_at = @now + @lease
 WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})`)
 		s.extendCheck = c(`SELECT id, available_at FROM millpond_outbox WHERE status = 'processing' AND available_at = @expires AND (id, claim_key) IN ({pairs})`)
 		s.release = c(`UPDATE millpond_outbox SET status = 'pending', attempts = GREATEST(attempts - 1, 0), available_at = @now
 WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})`)
 		s.requeue = c(`UPDATE millpond_outbox SET status = 'pending', attempts = 0, available_at = @now, last_error = ''
-WHERE status = 'dead_letter' AND stream = @stream AND id IN ({ids})`)
+WHERE status = 'dead_letter' AND stream = @stream AND ordering_key = '' AND id IN ({ids})`)
 		s.purge = c(`DELETE FROM millpond_outbox WHERE status = 'delivered' AND delivered_at < @now - @horizon ORDER BY delivered_at LIMIT @limit`)
 		s.register = c("INSERT INTO millpond_subscriptions (stream, consumer_group, event_kind, created_at) VALUES (@stream, @group, @kind, @now) ON DUPLICATE KEY UPDATE stream = stream")
 		s.migrationsDDL = "CREATE TABLE IF NOT EXISTS millpond_schema_migrations (version INT PRIMARY KEY, name VARCHAR(128) NOT NULL, applied_at BIGINT NOT NULL) ENGINE=InnoDB"
@@ -219,12 +358,13 @@ FROM (` + strings.Replace(groups, "%s", "", 1) + `) AS g
 WHERE NOT EXISTS (SELECT 1 ` + known + `)
 ON CONFLICT (stream, event_key, consumer_group) DO NOTHING
 RETURNING id`)
+		dead := deadAt("", "@hold")
 		s.claim = c(`UPDATE millpond_outbox SET
-  status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'processing' END,
-  attempts = CASE WHEN attempts >= @max THEN attempts ELSE attempts + 1 END,
+  status = CASE WHEN ` + dead + ` THEN 'dead_letter' ELSE 'processing' END,
+  attempts = CASE WHEN ` + dead + ` THEN attempts ELSE attempts + 1 END,
   claimed_by = @worker,
-  claim_key = CASE WHEN attempts >= @max THEN '' ELSE lower(hex(randomblob(16))) END,
-  last_error = CASE WHEN attempts >= @max AND status = 'processing' THEN '` + lastErrorLeaseExpired + `' ELSE last_error END,
+  claim_key = CASE WHEN ` + dead + ` THEN '' ELSE lower(hex(randomblob(16))) END,
+  last_error = CASE WHEN ` + dead + ` AND status = 'processing' THEN '` + lastErrorLeaseExpired + `' ELSE last_error END,
   available_at = @now + @lease
 WHERE id IN (
   SELECT id FROM millpond_outbox
@@ -232,8 +372,38 @@ WHERE id IN (
   ORDER BY id LIMIT @limit)
 RETURNING ` + claimColumns + `, status`)
 		s.ack = c(`UPDATE millpond_outbox SET status = 'delivered', delivered_at = @now
-WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})
+WHERE status = 'processing' AND available_at > @now AND ordering_key = '' AND (id, claim_key) IN ({pairs})
 RETURNING id`)
+		s.ackOrdered = c(`UPDATE millpond_outbox SET status = 'delivered', delivered_at = @now
+WHERE status = 'processing' AND available_at > @now AND ordering_key <> '' AND (id, claim_key) IN ({pairs})
+RETURNING id, stream, consumer_group, ordering_key`)
+		s.failSkip = c(`UPDATE millpond_outbox SET
+  status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'pending' END,
+  attempts = MIN(attempts, @max),
+  key_released = (attempts >= @max AND ordering_key <> ''),
+  available_at = @now + @delay, last_error = @reason
+WHERE id = @id AND claim_key = @key AND status = 'processing' AND available_at > @now
+RETURNING status, stream, consumer_group, ordering_key`)
+		s.promote = c(`UPDATE millpond_outbox SET status = 'pending', available_at = MAX(available_at, @now)
+WHERE id = (SELECT id FROM millpond_outbox
+  WHERE stream = @stream AND consumer_group = @group AND ordering_key = @okey AND status = 'blocked'
+  ORDER BY ordering_seq LIMIT 1)`)
+		s.bumpKey = c(`INSERT INTO millpond_ordering (stream, consumer_group, ordering_key, last_seq, unsettled)
+VALUES (@stream, @group, @okey, 1, 1)
+ON CONFLICT (stream, consumer_group, ordering_key) DO UPDATE SET last_seq = last_seq + 1, unsettled = unsettled + 1
+RETURNING last_seq, unsettled`)
+		s.releaseKey = c("UPDATE millpond_ordering SET unsettled = unsettled - 1 WHERE stream = @stream AND consumer_group = @group AND ordering_key = @okey RETURNING unsettled")
+		s.rejoinKey = c(`INSERT INTO millpond_ordering (stream, consumer_group, ordering_key, last_seq, unsettled)
+VALUES (@stream, @group, @okey, 0, 1)
+ON CONFLICT (stream, consumer_group, ordering_key) DO UPDATE SET unsettled = unsettled + 1
+RETURNING unsettled`)
+		s.insertOrdered = c(insertCols[:len(insertCols)-2] + `, ordering_key, ordering_seq)
+VALUES (@stream, @group, @key, @kind, @payload, @metadata, @hash, @status, @now + @delay, @now, @okey, @seq)
+ON CONFLICT (stream, event_key, consumer_group) DO NOTHING
+RETURNING id`)
+		s.requeueHead = c(`UPDATE millpond_outbox SET status = 'pending', attempts = 0, available_at = @now, last_error = '', key_released = 0 WHERE id = @id`)
+		s.requeueRejoined = c(`UPDATE millpond_outbox SET status = CASE WHEN @head THEN 'pending' ELSE 'blocked' END,
+  attempts = 0, available_at = @now, last_error = '', key_released = 0 WHERE id = @id`)
 		s.fail = c(`UPDATE millpond_outbox SET
   status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'pending' END,
   available_at = @now + @delay, last_error = @reason
@@ -245,7 +415,7 @@ RETURNING id, available_at`)
 		s.release = c(`UPDATE millpond_outbox SET status = 'pending', attempts = MAX(attempts - 1, 0), available_at = @now
 WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})`)
 		s.requeue = c(`UPDATE millpond_outbox SET status = 'pending', attempts = 0, available_at = @now, last_error = ''
-WHERE status = 'dead_letter' AND stream = @stream AND id IN ({ids})`)
+WHERE status = 'dead_letter' AND stream = @stream AND ordering_key = '' AND id IN ({ids})`)
 		s.purge = c(`DELETE FROM millpond_outbox WHERE id IN (
   SELECT id FROM millpond_outbox WHERE status = 'delivered' AND delivered_at < @now - @horizon
   ORDER BY delivered_at LIMIT @limit)`)
@@ -323,6 +493,7 @@ type lifecycleStatements struct {
 	lockUndelivered query // … of pending, processing or dead-lettered rows
 	lockPending     query // … of pending rows of the default group
 
+	forgetKeys  query // delete a retired group's ordering-key states
 	deleteIDs   query // delete rows by id
 	copyPending query // a pending copy, for @group, of rows by id (keeps available_at)
 }
@@ -332,7 +503,7 @@ func newLifecycleStatements(d Dialect) lifecycleStatements {
 	var s lifecycleStatements
 	s.subscriptions = c("SELECT stream, consumer_group, event_kind, created_at FROM millpond_subscriptions ORDER BY stream, consumer_group, event_kind")
 	s.activity = c(`SELECT stream, consumer_group,
-  SUM(CASE WHEN status = 'pending' THEN 1 ELSE 0 END),
+  SUM(CASE WHEN status IN ('pending', 'blocked') THEN 1 ELSE 0 END),
   SUM(CASE WHEN status = 'processing' THEN 1 ELSE 0 END),
   SUM(CASE WHEN status = 'dead_letter' THEN 1 ELSE 0 END),
   SUM(CASE WHEN status = 'delivered' THEN 1 ELSE 0 END),
@@ -344,9 +515,13 @@ ORDER BY stream, consumer_group`)
 
 	// State predicates: PostgreSQL's indexes filter on settled (see the schema).
 	// (SQLite uses its partial due index only for the index's own condition.)
-	dead, unsettled, pending := "status = 'dead_letter'", "status IN ('pending', 'processing')", "o.status IN ('pending', 'processing') AND o.status = 'pending'"
+	// Unsettled includes events blocked behind their ordering key (on
+	// PostgreSQL those are flagged settled, to keep them out of the claim
+	// index). Pending events with an ordering key stay in the default group:
+	// moving them would take them out of their key's order.
+	dead, unsettled, pending := "status = 'dead_letter'", "status IN ('pending', 'processing', 'blocked')", "o.status IN ('pending', 'processing') AND o.status = 'pending' AND o.ordering_key = ''"
 	if d == Postgres {
-		dead, unsettled, pending = "settled AND delivered_at IS NULL", "NOT settled", "NOT o.settled AND o.status = 'pending'"
+		dead, unsettled, pending = "settled AND delivered_at IS NULL AND status = 'dead_letter'", "(NOT settled OR status = 'blocked')", "NOT o.settled AND o.status = 'pending' AND o.ordering_key = ''"
 	}
 	s.deadOfGroup = c(`SELECT id FROM millpond_outbox
 WHERE ` + dead + ` AND stream = @stream AND consumer_group = @group AND (@any_kind OR event_kind = @kind) AND id > @after
@@ -360,25 +535,27 @@ WHERE ` + pending + ` AND o.stream = @stream AND o.consumer_group = '' AND o.id 
 ORDER BY o.id LIMIT @limit`)
 
 	lock := func(state string) query {
+		const cols = "SELECT id, status, event_kind, consumer_group, ordering_key, key_released FROM millpond_outbox WHERE "
 		switch d {
 		case Postgres:
-			return c("SELECT id, status, event_kind FROM millpond_outbox WHERE " + state + " AND stream = @stream AND id = ANY(@ids::BIGINT[]) ORDER BY id FOR UPDATE")
+			return c(cols + state + " AND stream = @stream AND id = ANY(@ids::BIGINT[]) ORDER BY id FOR UPDATE")
 		case MySQL:
-			return c("SELECT id, status, event_kind FROM millpond_outbox WHERE " + state + " AND stream = @stream AND id IN ({ids}) ORDER BY id FOR UPDATE")
+			return c(cols + state + " AND stream = @stream AND id IN ({ids}) ORDER BY id FOR UPDATE")
 		default:
-			return c("SELECT id, status, event_kind FROM millpond_outbox WHERE " + state + " AND stream = @stream AND id IN ({ids}) ORDER BY id")
+			return c(cols + state + " AND stream = @stream AND id IN ({ids}) ORDER BY id")
 		}
 	}
 	s.lockDead = lock("status = 'dead_letter'")
-	s.lockUndelivered = lock("status IN ('pending', 'processing', 'dead_letter')")
-	s.lockPending = lock("status = 'pending' AND consumer_group = ''")
+	s.lockUndelivered = lock("status IN ('pending', 'processing', 'blocked', 'dead_letter')")
+	s.lockPending = lock("status = 'pending' AND consumer_group = '' AND ordering_key = ''")
+	s.forgetKeys = c("DELETE FROM millpond_ordering WHERE stream = @stream AND consumer_group = @group")
 
 	copyRows := insertColsFor + `SELECT src.stream, @group, src.event_key, src.event_kind, src.payload, src.metadata, src.content_hash, 'pending', src.available_at, src.created_at
 FROM millpond_outbox src WHERE src.id `
 	switch d {
 	case Postgres:
 		s.schemaTable = c("SELECT CASE WHEN to_regclass('millpond_schema_migrations') IS NULL THEN 0 ELSE 1 END")
-		s.groupCounts = c(`SELECT COUNT(*) FILTER (WHERE status = 'pending'), COUNT(*) FILTER (WHERE status = 'processing'), COUNT(*) FILTER (WHERE status = 'dead_letter')
+		s.groupCounts = c(`SELECT COUNT(*) FILTER (WHERE status IN ('pending', 'blocked')), COUNT(*) FILTER (WHERE status = 'processing'), COUNT(*) FILTER (WHERE status = 'dead_letter')
 FROM millpond_outbox WHERE stream = @stream AND consumer_group = @group AND (NOT settled OR delivered_at IS NULL)`)
 		s.deleteIDs = c("DELETE FROM millpond_outbox WHERE id = ANY(@ids::BIGINT[])")
 		s.copyPending = c(strings.Replace(copyRows, "@group", "@group::VARCHAR", 1) + "= ANY(@ids::BIGINT[])\nON CONFLICT (stream, event_key, consumer_group) DO NOTHING")
@@ -392,10 +569,10 @@ FROM millpond_outbox WHERE stream = @stream AND consumer_group = @group AND (NOT
 		s.copyPending = c(copyRows + "IN ({ids})\nON CONFLICT (stream, event_key, consumer_group) DO NOTHING")
 	}
 	if d != Postgres {
-		s.groupCounts = c(`SELECT COALESCE(SUM(CASE WHEN status = 'pending' THEN 1 ELSE 0 END), 0),
+		s.groupCounts = c(`SELECT COALESCE(SUM(CASE WHEN status IN ('pending', 'blocked') THEN 1 ELSE 0 END), 0),
   COALESCE(SUM(CASE WHEN status = 'processing' THEN 1 ELSE 0 END), 0),
   COALESCE(SUM(CASE WHEN status = 'dead_letter' THEN 1 ELSE 0 END), 0)
-FROM millpond_outbox WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'processing', 'dead_letter')`)
+FROM millpond_outbox WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'blocked', 'processing', 'dead_letter')`)
 	}
 	return s
 }

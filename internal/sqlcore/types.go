@@ -13,7 +13,45 @@ const (
 	StatusProcessing = "processing"
 	StatusDelivered  = "delivered"
 	StatusDead       = "dead_letter"
+	// StatusBlocked is an event of an ordering key waiting for the
+	// earlier events of its key (in its consumer group) to settle. It is
+	// not claimable: the settlement of its predecessor promotes it to
+	// pending.
+	StatusBlocked = "blocked"
 )
+
+// DeadLetterPolicy says what a dead-lettered event with an ordering key
+// does to the later events of its key in its consumer group.
+type DeadLetterPolicy int
+
+const (
+	// DeadLetterHold keeps the key blocked until the dead letter is
+	// requeued (it is then delivered again, first) or otherwise removed.
+	// It is the default.
+	DeadLetterHold DeadLetterPolicy = iota
+	// DeadLetterSkip lets the next event of the key become claimable as
+	// soon as the head is dead-lettered.
+	DeadLetterSkip
+)
+
+// String names the policy.
+func (p DeadLetterPolicy) String() string {
+	switch p {
+	case DeadLetterHold:
+		return "hold"
+	case DeadLetterSkip:
+		return "skip"
+	}
+	return fmt.Sprintf("DeadLetterPolicy(%d)", int(p))
+}
+
+// Validate checks that p is one of the policies.
+func (p DeadLetterPolicy) Validate() error {
+	if p != DeadLetterHold && p != DeadLetterSkip {
+		return fmt.Errorf("dead-letter policy %d is neither hold nor skip: %w", int(p), ErrInvalidPolicy)
+	}
+	return nil
+}
 
 const redacted = "[REDACTED]"
 
@@ -32,6 +70,10 @@ type Event struct {
 	Metadata map[string]string
 	// Delay postpones the first delivery; zero delivers at once.
 	Delay time.Duration
+	// OrderingKey, when set, delivers the events of one (stream, ordering
+	// key) one at a time per consumer group, in commit order. Empty means
+	// unordered.
+	OrderingKey string
 }
 
 // Validate checks every bound of the event.
@@ -43,6 +85,9 @@ func (e Event) Validate() error {
 		return err
 	}
 	if err := ValidateKey("event kind", e.Kind); err != nil {
+		return err
+	}
+	if err := ValidateOrderingKey(e.OrderingKey); err != nil {
 		return err
 	}
 	if len(e.Payload) > MaxPayloadBytes {
@@ -58,7 +103,7 @@ func (e Event) Validate() error {
 
 // String describes the event without its stream, key or payload.
 func (e Event) String() string {
-	return fmt.Sprintf("Event{Stream:%s Key:%s Kind:%s PayloadBytes:%d}", redacted, redacted, e.Kind, len(e.Payload))
+	return fmt.Sprintf("Event{Stream:%s Key:%s Kind:%s PayloadBytes:%d OrderingKey:%s}", redacted, redacted, e.Kind, len(e.Payload), redactIfSet(e.OrderingKey))
 }
 
 // GoString is String, so %#v redacts too.
@@ -67,13 +112,21 @@ func (e Event) GoString() string { return e.String() }
 // LogValue redacts the event for log/slog.
 func (e Event) LogValue() slog.Value {
 	return slog.GroupValue(slog.String("stream", redacted), slog.String("key", redacted),
-		slog.String("kind", e.Kind), slog.Int("payload_bytes", len(e.Payload)))
+		slog.String("kind", e.Kind), slog.Int("payload_bytes", len(e.Payload)), slog.String("ordering_key", redactIfSet(e.OrderingKey)))
+}
+
+// redactIfSet hides an optional secret but shows that it is absent.
+func redactIfSet(v string) string {
+	if v == "" {
+		return ""
+	}
+	return redacted
 }
 
 // MarshalJSON redacts like LogValue, so a slice of events logged through
 // slog's JSON handler (which marshals slices) hides them too.
 func (e Event) MarshalJSON() ([]byte, error) {
-	return json.Marshal(map[string]any{"stream": redacted, "key": redacted, "kind": e.Kind, "payload_bytes": len(e.Payload)})
+	return json.Marshal(map[string]any{"stream": redacted, "key": redacted, "kind": e.Kind, "payload_bytes": len(e.Payload), "ordering_key": redactIfSet(e.OrderingKey)})
 }
 
 // Enqueued is the result of an idempotent enqueue.
@@ -133,6 +186,11 @@ type Claimed struct {
 	LeaseExpiresAt time.Time
 	// CreatedAt is when the event was enqueued.
 	CreatedAt time.Time
+	// OrderingKey is the event's ordering key ("" when unordered).
+	OrderingKey string
+	// OrderingSeq is the event's position in its key's sequence within its
+	// consumer group, from 1 (0 when unordered).
+	OrderingSeq int64
 }
 
 // Receipt returns the id and claim key that settle this claim.
@@ -140,8 +198,8 @@ func (c Claimed) Receipt() Receipt { return Receipt{ID: c.ID, ClaimKey: c.ClaimK
 
 // String describes the claim without stream, key, claim key or payload.
 func (c Claimed) String() string {
-	return fmt.Sprintf("Claimed{ID:%d Stream:%s Group:%s Key:%s Kind:%s PayloadBytes:%d Attempts:%d ClaimKey:%s LeaseExpiresAt:%s}",
-		c.ID, redacted, redacted, redacted, c.Kind, len(c.Payload), c.Attempts, redacted, c.LeaseExpiresAt.UTC().Format(time.RFC3339Nano))
+	return fmt.Sprintf("Claimed{ID:%d Stream:%s Group:%s Key:%s Kind:%s PayloadBytes:%d Attempts:%d ClaimKey:%s LeaseExpiresAt:%s OrderingKey:%s OrderingSeq:%d}",
+		c.ID, redacted, redacted, redacted, c.Kind, len(c.Payload), c.Attempts, redacted, c.LeaseExpiresAt.UTC().Format(time.RFC3339Nano), redactIfSet(c.OrderingKey), c.OrderingSeq)
 }
 
 // GoString is String, so %#v redacts too.
@@ -151,14 +209,15 @@ func (c Claimed) GoString() string { return c.String() }
 func (c Claimed) LogValue() slog.Value {
 	return slog.GroupValue(slog.Int64("id", c.ID), slog.String("stream", redacted), slog.String("key", redacted),
 		slog.String("kind", c.Kind), slog.Int("payload_bytes", len(c.Payload)), slog.Int("attempts", c.Attempts),
-		slog.String("claim_key", redacted), slog.Time("lease_expires_at", c.LeaseExpiresAt))
+		slog.String("claim_key", redacted), slog.Time("lease_expires_at", c.LeaseExpiresAt),
+		slog.String("ordering_key", redactIfSet(c.OrderingKey)), slog.Int64("ordering_seq", c.OrderingSeq))
 }
 
 // MarshalJSON redacts like LogValue.
 func (c Claimed) MarshalJSON() ([]byte, error) {
 	return json.Marshal(map[string]any{"id": c.ID, "stream": redacted, "group": redacted, "key": redacted,
 		"kind": c.Kind, "payload_bytes": len(c.Payload), "attempts": c.Attempts, "claim_key": redacted,
-		"lease_expires_at": c.LeaseExpiresAt})
+		"lease_expires_at": c.LeaseExpiresAt, "ordering_key": redactIfSet(c.OrderingKey), "ordering_seq": c.OrderingSeq})
 }
 
 // ClaimRequest asks for up to Limit due events of one stream and group.
@@ -175,6 +234,9 @@ type ClaimRequest struct {
 	Lease time.Duration
 	// MaxAttempts dead-letters due events whose attempts are used up.
 	MaxAttempts int
+	// DeadLetterPolicy applies to events with an ordering key that the
+	// claim dead-letters (their last lease expired).
+	DeadLetterPolicy DeadLetterPolicy
 }
 
 // Validate checks every bound of the request.
@@ -194,6 +256,9 @@ func (r ClaimRequest) Validate() error {
 	if err := ValidateLease(r.Lease); err != nil {
 		return err
 	}
+	if err := r.DeadLetterPolicy.Validate(); err != nil {
+		return err
+	}
 	return ValidateAttempts(r.MaxAttempts)
 }
 
@@ -205,6 +270,9 @@ type Failure struct {
 	MaxAttempts int
 	// RetryDelay postpones the next claim (0-MaxDelay).
 	RetryDelay time.Duration
+	// DeadLetterPolicy applies when an event with an ordering key is
+	// dead-lettered.
+	DeadLetterPolicy DeadLetterPolicy
 }
 
 // Validate checks every bound of the failure.
@@ -213,6 +281,9 @@ func (f Failure) Validate() error {
 		return err
 	}
 	if err := ValidateAttempts(f.MaxAttempts); err != nil {
+		return err
+	}
+	if err := f.DeadLetterPolicy.Validate(); err != nil {
 		return err
 	}
 	return ValidateDelay(f.RetryDelay)
@@ -280,7 +351,13 @@ type StreamStats struct {
 	// Retrying counts the pending events that failed at least once and wait
 	// for another attempt (included in Pending).
 	Retrying int64
-	// OldestPendingAge is the age of the oldest pending or processing event,
-	// zero when there is none.
+	// OldestPendingAge is the age of the oldest pending, blocked or
+	// processing event, zero when there is none.
 	OldestPendingAge time.Duration
+	// Blocked counts events waiting behind an earlier event of their
+	// ordering key.
+	Blocked int64
+	// HeldKeys counts ordering keys held by a dead-lettered event (under
+	// DeadLetterHold): their later events wait until it is requeued.
+	HeldKeys int64
 }

@@ -1,0 +1,148 @@
+package bus_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millpond/millpond/bus"
+	"github.com/millpond/millpond/handlers"
+	"github.com/millpond/millpond/internal/testdb"
+	"github.com/millpond/millpond/outbox"
+)
+
+type step struct {
+	Key string `json:"key"`
+	I   int    `json:"i"`
+}
+
+// TestOrderedHandlers publishes events with an ordering key
+// (outbox.MetadataOrderingKey) and runs two handlers of their kind with
+// MaxInFlight 8: each sees every key's events in sequence, one at a time,
+// with the key in its Meta. Event b/2 fails permanently: the skip handler
+// goes on with b/3, the hold handler stops key b there (and Stats counts
+// the held key), while both finish keys a and c.
+func TestOrderedHandlers(t *testing.T) {
+	for _, dialect := range testdb.Dialects {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			db := testdb.New(t, dialect)
+			store := db.Store(t)
+			const perKey = 15
+			type seen struct {
+				mu       sync.Mutex
+				next     map[string]int
+				inFlight map[string]bool
+				errs     []string
+				done     int
+			}
+			record := func(s *seen, fail bool) handlers.Func[step] {
+				return func(ctx context.Context, ev step, meta handlers.Meta) error {
+					s.mu.Lock()
+					if s.inFlight[ev.Key] {
+						s.errs = append(s.errs, "two events of "+ev.Key+" in flight")
+					}
+					s.inFlight[ev.Key] = true
+					if meta.OrderingKey != ev.Key || meta.OrderingSeq != int64(ev.I+1) {
+						s.errs = append(s.errs, fmt.Sprintf("meta %q/%d for %s/%d", meta.OrderingKey, meta.OrderingSeq, ev.Key, ev.I))
+					}
+					if want := s.next[ev.Key]; ev.I != want && !(fail && ev.Key == "b" && ev.I == 3 && want == 2) {
+						s.errs = append(s.errs, fmt.Sprintf("%s: got %d, want %d", ev.Key, ev.I, want))
+					}
+					s.mu.Unlock()
+					time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond)
+					s.mu.Lock()
+					defer s.mu.Unlock()
+					delete(s.inFlight, ev.Key)
+					if ev.Key == "b" && ev.I == 2 {
+						return handlers.Permanent(errors.New("poison"))
+					}
+					s.next[ev.Key] = ev.I + 1
+					s.done++
+					return nil
+				}
+			}
+			skip := &seen{next: map[string]int{}, inFlight: map[string]bool{}}
+			hold := &seen{next: map[string]int{}, inFlight: map[string]bool{}}
+			b, err := bus.New(store, bus.Config{Subscriber: fastSubscriber},
+				handlers.New("skipper", "steps", "Step", record(skip, true), handlers.WithMaxInFlight(8), handlers.WithDeadLetterPolicy(handlers.DeadLetterSkip)),
+				handlers.New("holder", "steps", "Step", record(hold, false), handlers.WithMaxInFlight(8)),
+			)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			if err := b.RegisterGroups(ctx); err != nil {
+				t.Fatal(err)
+			}
+			tx, commit, rollback := db.Begin(t)
+			pub, err := outbox.NewPublisher(store, tx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range perKey {
+				for _, k := range []string{"a", "b", "c"} {
+					p, _ := json.Marshal(step{Key: k, I: i})
+					msg := message.NewMessage(watermill.NewUUID(), p)
+					msg.Metadata.Set(outbox.MetadataKind, "Step")
+					msg.Metadata.Set(outbox.MetadataOrderingKey, k)
+					if err := pub.Publish("steps", msg); err != nil {
+						rollback()
+						t.Fatal(err)
+					}
+				}
+			}
+			if err := commit(); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			defer b.Stop(ctx)
+			deadline := time.Now().Add(60 * time.Second)
+			for {
+				skip.mu.Lock()
+				hold.mu.Lock()
+				ds, dh := skip.done, hold.done
+				hold.mu.Unlock()
+				skip.mu.Unlock()
+				if ds == 3*perKey-1 && dh == 2*perKey+2 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("handled %d (skip) and %d (hold) events", ds, dh)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			time.Sleep(200 * time.Millisecond) // nothing more arrives for the holder
+			for _, s := range []*seen{skip, hold} {
+				s.mu.Lock()
+				for _, e := range s.errs {
+					t.Error(e)
+				}
+				s.mu.Unlock()
+			}
+			if hold.next["b"] != 2 || hold.done != 2*perKey+2 {
+				t.Fatalf("the holder went past the dead head of key b: next %d, done %d", hold.next["b"], hold.done)
+			}
+			stats, err := store.Stats(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, st := range stats {
+				want := map[string][2]int64{"holder": {1, perKey - 3}, "skipper": {0, 0}}[st.Group]
+				if st.HeldKeys != want[0] || st.Blocked != want[1] {
+					t.Errorf("group %q: held keys %d, blocked %d; want %v", st.Group, st.HeldKeys, st.Blocked, want)
+				}
+			}
+		})
+	}
+}
