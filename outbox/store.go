@@ -50,8 +50,10 @@ func WithClock(now func() time.Time) Option {
 	return func(o *storeOptions) { o.clock = now }
 }
 
-// WithLogger sets the logger for background work (the PostgreSQL listener).
-// The default discards logs.
+// WithLogger sets the logger for background work (the PostgreSQL listener)
+// and for statements the database aborted to resolve a lock conflict (a
+// deadlock or serialization failure), which the store retries with a short
+// backoff. The default discards logs.
 func WithLogger(l *slog.Logger) Option {
 	return func(o *storeOptions) { o.logger = l }
 }
@@ -81,7 +83,12 @@ func buildOptions(opts []Option) storeOptions {
 }
 
 func newStore(d sqlcore.Dialect, db sqlcore.DB, o storeOptions) (*Store, error) {
-	var coreOpts []sqlcore.Option
+	logger := o.logger
+	coreOpts := []sqlcore.Option{sqlcore.WithConflictObserver(func(what string, err error, wait time.Duration) {
+		// Rare once every statement locks rows in id order; worth seeing.
+		logger.Warn("outbox: the database aborted a statement to resolve a lock conflict; retrying",
+			"operation", what, "error", err, "retry_in", wait.Round(time.Microsecond).String())
+	})}
 	if o.clock != nil {
 		coreOpts = append(coreOpts, sqlcore.WithClock(o.clock))
 	}
