@@ -68,6 +68,7 @@ var conformanceCases = []conformanceCase{
 	{name: "ClaimOrderAndBatchAcknowledge", run: testClaimOrderAndBatchAck},
 	{name: "DelaysHoldEventsBack", run: testDelays},
 	{name: "DatabaseClockLeases", dbClock: true, run: testDatabaseClock},
+	{name: "MultiRowStatementsLockInIDOrder", run: testLockOrder},
 }
 
 // fakeClock is a controllable clock for outbox.WithClock.
