@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"reflect"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/jackc/pgx/v5"
@@ -50,17 +51,16 @@ func newDatabase(b wsql.Beginner) database { return database{executor{b}, b} }
 
 // txExecutor turns the caller's open transaction into an executor, and
 // refuses pools and connections: the outbox never opens a transaction of its
-// own for an enqueue.
+// own for an enqueue. A nil transaction, typed or not (var tx *pgxpool.Tx),
+// is refused with ErrNoTransaction rather than dereferenced.
 func txExecutor(tx any) (sqlcore.Executor, error) {
-	switch t := tx.(type) {
-	case nil:
+	if isNil(tx) {
 		return nil, ErrNoTransaction
+	}
+	switch t := tx.(type) {
 	case pgx.Tx:
 		return executor{wsql.TxFromPgx(t)}, nil
 	case *sql.Tx:
-		if t == nil {
-			return nil, ErrNoTransaction
-		}
 		return executor{wsql.TxFromStdSQL(t)}, nil
 	case *sql.DB, *sql.Conn, *pgxpool.Pool, *pgx.Conn, *pgxpool.Conn, wsql.Beginner:
 		return nil, ErrNoTransaction
@@ -69,4 +69,17 @@ func txExecutor(tx any) (sqlcore.Executor, error) {
 	default:
 		return nil, ErrUnsupportedTx
 	}
+}
+
+// isNil reports whether v is nil or a nil pointer, map, slice, channel,
+// function or interface held in an interface (a "typed nil").
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Chan, reflect.Func, reflect.Interface, reflect.UnsafePointer:
+		return rv.IsNil()
+	}
+	return false
 }

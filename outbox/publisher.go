@@ -43,10 +43,11 @@ func ContextWithTx(ctx context.Context, tx any) context.Context {
 	return context.WithValue(ctx, txKey{}, tx)
 }
 
-// TxFromContext returns the transaction ContextWithTx stored.
+// TxFromContext returns the transaction ContextWithTx stored; false when
+// there is none or it is a nil pointer.
 func TxFromContext(ctx context.Context) (any, bool) {
 	tx := ctx.Value(txKey{})
-	return tx, tx != nil
+	return tx, !isNil(tx)
 }
 
 // Publisher is a Watermill message.Publisher that enqueues each message as

@@ -2,12 +2,19 @@ package tests
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millpond/millpond/internal/testdb"
 	"github.com/millpond/millpond/outbox"
@@ -163,4 +170,77 @@ func TestAcksAndLeaseExtensionsDoNotDeadlock(t *testing.T) {
 // quote makes a list of lines readable in a failure message.
 func quote(lines []string) string {
 	return "\n\t" + strings.Join(lines, "\n\t")
+}
+
+// TestTypedNilTransactionsAreRefused: a nil transaction of a concrete type
+// (var tx *pgxpool.Tx) is refused with ErrNoTransaction by every entry point
+// that takes a transaction, never dereferenced.
+func TestTypedNilTransactionsAreRefused(t *testing.T) {
+	for _, dialect := range testdb.Dialects {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := testdb.New(t, dialect)
+			store := db.Store(t)
+			var (
+				poolTx   *pgxpool.Tx
+				sqlTx    *sql.Tx
+				conn     *pgx.Conn
+				pool     *pgxpool.Pool
+				sqlDB    *sql.DB
+				sqlConn  *sql.Conn
+				wsqlTx   *notATransaction
+				asPgxTx  pgx.Tx = poolTx
+				anything any    = poolTx
+			)
+			nils := map[string]any{
+				"*pgxpool.Tx": poolTx, "pgx.Tx holding a nil *pgxpool.Tx": asPgxTx, "*sql.Tx": sqlTx,
+				"*pgx.Conn": conn, "*pgxpool.Pool": pool, "*sql.DB": sqlDB, "*sql.Conn": sqlConn,
+				"other pointer": wsqlTx, "any holding a nil *pgxpool.Tx": anything,
+			}
+			ev := outbox.Event{Stream: "nil-tx", Key: "k", Kind: "K", Payload: []byte("{}")}
+			for name, tx := range nils {
+				if _, err := store.Enqueue(ctx, tx, ev); !errors.Is(err, outbox.ErrNoTransaction) {
+					t.Errorf("Enqueue with a nil %s: %v, want ErrNoTransaction", name, err)
+				}
+				if _, err := outbox.NewPublisher(store, tx); !errors.Is(err, outbox.ErrNoTransaction) {
+					t.Errorf("NewPublisher with a nil %s: %v, want ErrNoTransaction", name, err)
+				}
+				pub, err := outbox.NewContextPublisher(store)
+				if err != nil {
+					t.Fatal(err)
+				}
+				msg := message.NewMessage(watermill.NewUUID(), []byte("{}"))
+				msg.SetContext(outbox.ContextWithTx(ctx, tx))
+				if err := pub.Publish("nil-tx", msg); !errors.Is(err, outbox.ErrNoTransaction) {
+					t.Errorf("Publish with a nil %s in the context: %v, want ErrNoTransaction", name, err)
+				}
+			}
+
+			// The acknowledgements in a transaction, with a real delivery.
+			tx, commit, _ := db.Begin(t)
+			if _, err := store.Enqueue(ctx, tx, ev); err != nil {
+				t.Fatal(err)
+			}
+			if err := commit(); err != nil {
+				t.Fatal(err)
+			}
+			_, msgs := subscribe(t, store, outbox.SubscriberConfig{}, "nil-tx")
+			msg := receive(t, msgs, 10*time.Second)
+			receipt, ok := outbox.ReceiptFromContext(msg.Context())
+			if !ok {
+				t.Fatal("no receipt in the message context")
+			}
+			for name, tx := range nils {
+				if err := store.AcknowledgeInTx(ctx, tx, receipt); !errors.Is(err, outbox.ErrNoTransaction) {
+					t.Errorf("AcknowledgeInTx with a nil %s: %v, want ErrNoTransaction", name, err)
+				}
+				if err := store.AcknowledgeMessageInTx(ctx, tx, msg); !errors.Is(err, outbox.ErrNoTransaction) {
+					t.Errorf("AcknowledgeMessageInTx with a nil %s: %v, want ErrNoTransaction", name, err)
+				}
+			}
+			msg.Ack()
+			waitForCount(t, db, "SELECT COUNT(*) FROM millpond_outbox WHERE status = 'delivered'", 1)
+		})
+	}
 }
