@@ -298,6 +298,12 @@ func (s *Store) AcknowledgeBatch(ctx context.Context, rs []Receipt) ([]Receipt, 
 // acknowledgement commit together or not at all: if tx rolls back, the
 // events stay claimed and are retried after their leases. It returns
 // ErrStaleClaim when a receipt no longer owns its event under a live lease.
+//
+// A Subscriber of this process that handed the events out learns of the
+// acknowledgement: when the handler then acks the message it writes no
+// acknowledgement of its own (and logs no lost lease); when the handler
+// nacks it (its transaction rolled back) the Nack is recorded as usual.
+// Commit tx before acking the message.
 func (s *Store) AcknowledgeInTx(ctx context.Context, tx any, rs ...Receipt) error {
 	ex, err := txExecutor(tx)
 	if err != nil {
@@ -307,6 +313,7 @@ func (s *Store) AcknowledgeInTx(ctx context.Context, tx any, rs ...Receipt) erro
 	if err != nil {
 		return fmt.Errorf("outbox: acknowledge %d events in a transaction: %w", len(rs), err)
 	}
+	noteAckedInTx(without(rs, stale))
 	if len(stale) > 0 {
 		return fmt.Errorf("outbox: acknowledge %d of %d events in a transaction: %w", len(stale), len(rs), ErrStaleClaim)
 	}
@@ -436,4 +443,22 @@ func (s *Store) UnregisterGroup(ctx context.Context, stream, group string) error
 		return fmt.Errorf("outbox: unregister group: %w", err)
 	}
 	return nil
+}
+
+// without returns the receipts of rs that are not in drop.
+func without(rs, drop []Receipt) []Receipt {
+	if len(drop) == 0 {
+		return rs
+	}
+	skip := make(map[Receipt]bool, len(drop))
+	for _, r := range drop {
+		skip[r] = true
+	}
+	var out []Receipt
+	for _, r := range rs {
+		if !skip[r] {
+			out = append(out, r)
+		}
+	}
+	return out
 }

@@ -1,12 +1,14 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -231,8 +233,56 @@ type subscription struct {
 	logger watermill.LoggerAdapter
 
 	mu      sync.Mutex
-	held    map[int64]Receipt // every claimed, unsettled event (for lease extension)
-	settled map[int64]bool    // held events whose ack is being written
+	held    map[int64]Receipt    // every claimed, unsettled event (for lease extension)
+	settled map[int64]settlement // held events acknowledged, not yet forgotten
+}
+
+// settlement is how a held event was acknowledged.
+type settlement uint8
+
+const (
+	// ackQueued: the handler acked and the acknowledger writes the ack.
+	ackQueued settlement = iota + 1
+	// ackedInTx: the handler acknowledged it inside its own transaction
+	// (AcknowledgeInTx or AcknowledgeMessageInTx); the subscription writes
+	// no ack of its own and stops extending the lease, since the row is
+	// locked by that transaction until it ends.
+	ackedInTx
+)
+
+// handedOut maps the receipt of every message a subscription has handed
+// out and not yet settled to that subscription, so that an acknowledgement
+// inside the handler's transaction (which only names receipts) reaches the
+// subscription that delivered the event, whichever Store it was made with.
+// Claim keys are 128 random bits: receipts do not collide.
+var handedOut sync.Map // Receipt -> *subscription
+
+// noteAckedInTx tells the subscriptions of this process that the receipts
+// were acknowledged inside a handler's transaction.
+func noteAckedInTx(rs []Receipt) {
+	for _, r := range rs {
+		if sub, ok := handedOut.Load(r); ok {
+			sub.(*subscription).markAckedInTx(r)
+		}
+	}
+}
+
+func (sub *subscription) markAckedInTx(r Receipt) {
+	sub.mu.Lock()
+	if held, ok := sub.held[r.ID]; ok && held.ClaimKey == r.ClaimKey {
+		sub.settled[r.ID] = ackedInTx
+	}
+	sub.mu.Unlock()
+}
+
+// settledAs returns how the held claim r was acknowledged, if it was.
+func (sub *subscription) settledAs(r Receipt) settlement {
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	if held, ok := sub.held[r.ID]; ok && held.ClaimKey == r.ClaimKey {
+		return sub.settled[r.ID]
+	}
+	return 0
 }
 
 func newSubscription(ctx context.Context, s *Subscriber, topic string) *subscription {
@@ -245,7 +295,7 @@ func newSubscription(ctx context.Context, s *Subscriber, topic string) *subscrip
 		acks:    make(chan Receipt, 2*s.config.BatchSize+s.config.MaxInFlight),
 		logger:  s.config.Logger.With(watermill.LogFields{"topic": topic, "consumer_group": s.config.ConsumerGroup}),
 		held:    map[int64]Receipt{},
-		settled: map[int64]bool{},
+		settled: map[int64]settlement{},
 	}
 }
 
@@ -426,6 +476,8 @@ func (sub *subscription) deliver(c Claimed) bool {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(sub.ctx))
 	defer cancel()
 	msg.SetContext(context.WithValue(ctx, receiptKey{}, c.Receipt()))
+	handedOut.Store(c.Receipt(), sub)
+	defer handedOut.Delete(c.Receipt())
 
 	// Stopping wins over a ready reader: what was not handed out is
 	// released, not delivered after Close began.
@@ -447,14 +499,15 @@ func (sub *subscription) deliver(c Claimed) bool {
 	for {
 		select {
 		case <-msg.Acked():
-			if msg.Metadata.Get(metadataAckedInTx) != "" {
-				// The handler acknowledged in its own transaction; if that
-				// rolled back, the lease expires and the event is retried.
+			if sub.settledAs(c.Receipt()) == ackedInTx || msg.Metadata.Get(metadataAckedInTx) != "" {
+				// The handler acknowledged in its own transaction, which
+				// it committed before acking; if it rolled back instead,
+				// the lease expires and the event is retried.
 				sub.forget(c.Receipt())
 				return true
 			}
 			sub.mu.Lock()
-			sub.settled[c.ID] = true
+			sub.settled[c.ID] = ackQueued
 			sub.mu.Unlock()
 			sub.acks <- c.Receipt()
 			return true
@@ -500,6 +553,7 @@ func (sub *subscription) forget(rs ...Receipt) {
 // fail records a Nack: retry after Backoff or dead-letter at the limit.
 func (sub *subscription) fail(c Claimed, msg *message.Message) {
 	defer sub.forget(c.Receipt())
+	inTx := sub.settledAs(c.Receipt()) == ackedInTx
 	reason := msg.Metadata.Get(MetadataHandlerError)
 	if reason == "" {
 		reason = "message nacked by handler"
@@ -518,9 +572,14 @@ func (sub *subscription) fail(c Claimed, msg *message.Message) {
 		}
 		return err
 	})
-	if errors.Is(err, ErrStaleClaim) {
+	switch {
+	case errors.Is(err, ErrStaleClaim) && inTx:
+		// The handler's transaction acknowledged it and committed: the
+		// acknowledgement stands; nothing was lost.
+		sub.logger.Debug("Nack of an event acknowledged in the handler's transaction; the acknowledgement stands", watermill.LogFields{"event_id": c.ID})
+	case errors.Is(err, ErrStaleClaim):
 		sub.logger.Info("Nack of an event whose lease was lost; it is retried elsewhere", watermill.LogFields{"event_id": c.ID})
-	} else if err != nil {
+	case err != nil:
 		sub.logger.Error("Could not record Nack; the lease will expire and the event will be retried", err, watermill.LogFields{"event_id": c.ID})
 	}
 }
@@ -632,9 +691,12 @@ func (sub *subscription) extendLoop(stop <-chan struct{}) {
 		sub.mu.Lock()
 		rs := make([]Receipt, 0, len(sub.held))
 		for _, r := range sub.held {
-			rs = append(rs, r)
+			if sub.settled[r.ID] != ackedInTx {
+				rs = append(rs, r)
+			}
 		}
 		sub.mu.Unlock()
+		slices.SortFunc(rs, func(a, b Receipt) int { return cmp.Compare(a.ID, b.ID) })
 		for start := 0; start < len(rs); start += MaxBatch {
 			chunk := rs[start:min(start+MaxBatch, len(rs))]
 			ctx, cancel := sub.opCtx()
@@ -644,11 +706,12 @@ func (sub *subscription) extendLoop(stop <-chan struct{}) {
 				sub.logger.Error("Could not extend leases", err, watermill.LogFields{"events": len(chunk)})
 				continue
 			}
-			// An event acked meanwhile is stale to Extend but not lost.
+			// An event acked meanwhile (by the acknowledger or in the
+			// handler's transaction) is stale to Extend but not lost.
 			sub.mu.Lock()
 			lost := 0
 			for _, r := range stale {
-				if _, held := sub.held[r.ID]; held && !sub.settled[r.ID] {
+				if held, ok := sub.held[r.ID]; ok && held.ClaimKey == r.ClaimKey && sub.settled[r.ID] == 0 {
 					lost++
 				}
 			}

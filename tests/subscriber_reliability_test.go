@@ -244,3 +244,180 @@ func TestTypedNilTransactionsAreRefused(t *testing.T) {
 		})
 	}
 }
+
+// execTx runs a statement with ? placeholders in tx (pgx.Tx or *sql.Tx).
+func execTx(tx any, query string, args ...any) error {
+	switch tx := tx.(type) {
+	case pgx.Tx:
+		n := 0
+		var b strings.Builder
+		for _, r := range query {
+			if r == '?' {
+				n++
+				fmt.Fprintf(&b, "$%d", n)
+				continue
+			}
+			b.WriteRune(r)
+		}
+		_, err := tx.Exec(context.Background(), b.String(), args...)
+		return err
+	case *sql.Tx:
+		_, err := tx.Exec(query, args...)
+		return err
+	}
+	return fmt.Errorf("unexpected transaction %T", tx)
+}
+
+// falseAlarms are the Subscriber's log lines about acknowledgements or
+// leases that went wrong.
+var falseAlarms = []string{"lost their leases", "whose lease was lost", "could not", "delivered again"}
+
+// TestAcknowledgingInTheHandlersTransactionIsNotAckedAgain: events
+// acknowledged inside the handler's own transaction, half through
+// AcknowledgeMessageInTx and half through ReceiptFromContext +
+// AcknowledgeInTx, are delivered once, acknowledged once, and the
+// Subscriber logs no stale acknowledgement and no lost lease about them,
+// although its lease extender runs (lease 1 s) while handlers hold
+// transactions open and while committed events wait for their Ack.
+func TestAcknowledgingInTheHandlersTransactionIsNotAckedAgain(t *testing.T) {
+	for _, dialect := range testdb.Dialects {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			const n = 160
+			const stream = "in-tx"
+			logs := &logLines{}
+			db := testdb.New(t, dialect)
+			store := db.Store(t, outbox.WithLogger(logs.slog()))
+			db.Exec(t, "CREATE TABLE effects (event_key VARCHAR(64) NOT NULL PRIMARY KEY)")
+			enqueueMany(t, db, store, stream, "ev", n)
+			_, msgs := subscribe(t, store, outbox.SubscriberConfig{
+				Lease: time.Second, MaxInFlight: 8, BatchSize: 40, Logger: logs.watermill(),
+			}, stream)
+			hold := 20 * time.Millisecond
+			if dialect == "sqlite" {
+				hold = 5 * time.Millisecond // one writer: every open transaction stalls the rest
+			}
+			var mu sync.Mutex
+			deliveries := map[string]int{}
+			var failures []error
+			var handlers sync.WaitGroup
+			for range 8 {
+				handlers.Add(1)
+				go func() {
+					defer handlers.Done()
+					for msg := range msgs {
+						err := func() error {
+							mu.Lock()
+							deliveries[msg.UUID]++
+							i := len(deliveries)
+							mu.Unlock()
+							tx, commit, rollback, err := db.TryBegin()
+							if err != nil {
+								return err
+							}
+							defer rollback()
+							if err := execTx(tx, "INSERT INTO effects (event_key) VALUES (?)", msg.UUID); err != nil {
+								return err
+							}
+							if i%2 == 0 {
+								err = store.AcknowledgeMessageInTx(msg.Context(), tx, msg)
+							} else {
+								r, ok := outbox.ReceiptFromContext(msg.Context())
+								if !ok {
+									return errors.New("no receipt")
+								}
+								err = store.AcknowledgeInTx(msg.Context(), tx, r)
+							}
+							if err != nil {
+								return err
+							}
+							time.Sleep(hold) // the transaction stays open
+							if err := commit(); err != nil {
+								return err
+							}
+							time.Sleep(hold) // committed, not yet acked
+							return nil
+						}()
+						if err != nil {
+							mu.Lock()
+							failures = append(failures, fmt.Errorf("%s: %w", msg.UUID, err))
+							mu.Unlock()
+							msg.Nack()
+							continue
+						}
+						msg.Ack()
+					}
+				}()
+			}
+			waitForCount(t, db, "SELECT COUNT(*) FROM millpond_outbox WHERE status = 'delivered'", n)
+			time.Sleep(1200 * time.Millisecond) // more than a lease: a lost event would come back
+			mu.Lock()
+			defer mu.Unlock()
+			if len(failures) > 0 {
+				t.Fatalf("%d handler failures, first: %v", len(failures), failures[0])
+			}
+			duplicates := 0
+			for _, c := range deliveries {
+				duplicates += c - 1
+			}
+			effects := db.Count(t, "SELECT COUNT(*) FROM effects")
+			alarms := logs.matching(falseAlarms...)
+			t.Logf("%s: %d events, %d deliveries, %d effects, %d false alarms in the logs", dialect, n, len(deliveries)+duplicates, effects, len(alarms))
+			if len(deliveries) != n || duplicates > 0 || effects != n {
+				t.Errorf("%d events delivered, %d more than once, %d effects; want %d, 0, %d", len(deliveries), duplicates, effects, n, n)
+			}
+			if len(alarms) > 0 {
+				t.Errorf("%d log lines report lost leases or stale acks of events acknowledged in the handler's transaction:%s", len(alarms), quote(alarms[:min(5, len(alarms))]))
+			}
+		})
+	}
+}
+
+// TestALostLeaseIsStillReported: when a held event's lease really is lost
+// (it expired and another worker claimed the event), the Subscriber still
+// says so: its lease extender reports the held event lost, a late Ack is
+// reported as stale, and an acknowledgement in the handler's transaction
+// fails with ErrStaleClaim and its Nack is reported.
+func TestALostLeaseIsStillReported(t *testing.T) {
+	for _, dialect := range testdb.Dialects {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			const stream = "lost"
+			logs := &logLines{}
+			db := testdb.New(t, dialect)
+			store := db.Store(t)
+			enqueueMany(t, db, store, stream, "ev", 2)
+			_, msgs := subscribe(t, store, outbox.SubscriberConfig{Lease: time.Second, MaxInFlight: 2, Logger: logs.watermill()}, stream)
+			first, second := receive(t, msgs, 10*time.Second), receive(t, msgs, 10*time.Second)
+			// Both leases end now and a thief claims both events.
+			db.Exec(t, "UPDATE millpond_outbox SET available_at = 0")
+			stolen, err := store.Claim(context.Background(), outbox.ClaimRequest{Stream: stream, Worker: "thief", Limit: 2, Lease: time.Minute, MaxAttempts: 5})
+			if err != nil || len(stolen) != 2 {
+				t.Fatalf("thief claimed %d, %v", len(stolen), err)
+			}
+			expectLine := func(what string, words ...string) {
+				t.Helper()
+				deadline := time.Now().Add(10 * time.Second)
+				for len(logs.matching(words...)) == 0 {
+					if time.Now().After(deadline) {
+						t.Fatalf("no log line says %s; the log:%s", what, quote(logs.matching("")))
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+			expectLine("that held events lost their leases", "held events lost their leases")
+
+			first.Ack()
+			expectLine("that an acked event had lost its lease", "Acked events had lost their leases")
+
+			tx, _, rollback := db.Begin(t)
+			err = store.AcknowledgeMessageInTx(context.Background(), tx, second)
+			rollback()
+			if !errors.Is(err, outbox.ErrStaleClaim) {
+				t.Fatalf("acknowledging a lost event in a transaction: %v, want ErrStaleClaim", err)
+			}
+			second.Nack()
+			expectLine("that a nacked event had lost its lease", "Nack of an event whose lease was lost")
+		})
+	}
+}
