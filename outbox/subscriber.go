@@ -292,7 +292,7 @@ func newSubscription(ctx context.Context, s *Subscriber, topic string) *subscrip
 		out:     make(chan *message.Message),
 		queue:   make(chan Claimed, s.config.BatchSize),
 		taken:   make(chan struct{}, 1),
-		acks:    make(chan Receipt, 2*s.config.BatchSize+s.config.MaxInFlight),
+		acks:    make(chan Receipt, ackBacklog(&s.config)),
 		logger:  s.config.Logger.With(watermill.LogFields{"topic": topic, "consumer_group": s.config.ConsumerGroup}),
 		held:    map[int64]Receipt{},
 		settled: map[int64]settlement{},
@@ -637,14 +637,25 @@ func (sub *subscription) releaseQueued() {
 	}
 }
 
+// ackBacklog is the capacity of a subscription's ack queue: one claim batch
+// plus the messages in flight. A handler's Ack waits while the queue is full,
+// so at most two backlogs of acks (one queued, one being written) plus
+// MaxInFlight are unwritten at any time: that bounds what a crash delivers
+// again (see docs/architecture.md).
+func ackBacklog(c *SubscriberConfig) int {
+	return min(c.BatchSize+c.MaxInFlight, MaxBatch)
+}
+
 // ackLoop writes acks in batches: it waits for one, takes every other ack
-// already waiting, and writes them in one statement.
+// already waiting (at most the queue's capacity), and writes them in one
+// statement at once; there is no timer, so an ack waits at most for the
+// write before it to end, then for its own.
 func (sub *subscription) ackLoop() {
-	batch := make([]Receipt, 0, MaxBatch)
+	batch := make([]Receipt, 0, cap(sub.acks))
 	for r := range sub.acks {
 		batch = append(batch[:0], r)
 	more:
-		for len(batch) < MaxBatch {
+		for len(batch) < cap(sub.acks) {
 			select {
 			case r, ok := <-sub.acks:
 				if !ok {

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -420,4 +421,127 @@ func TestALostLeaseIsStillReported(t *testing.T) {
 			expectLine("that a nacked event had lost its lease", "Nack of an event whose lease was lost")
 		})
 	}
+}
+
+// TestAcksAreWrittenPromptly measures, on every database, how long after a
+// handler's Ack its acknowledgement is written, which bounds what a crash
+// (SIGKILL, power loss) delivers again: handled events whose acks were not
+// written yet. Each row's delivered_at is the database clock when the ack
+// statement ran (the same host clock as the test's); the ack time is taken
+// just before Ack. Handlers are quick (1 ms) and 16 run at once, so acks
+// arrive much faster than one statement writes them. Bounds are generous:
+// the machine that runs the tests is shared and slow.
+func TestAcksAreWrittenPromptly(t *testing.T) {
+	for _, dialect := range testdb.Dialects {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			const n = 2000
+			const stream = "prompt"
+			cfg := outbox.SubscriberConfig{BatchSize: 100, MaxInFlight: 16}
+			db := testdb.New(t, dialect)
+			store := db.Store(t)
+			enqueueMany(t, db, store, stream, "ev", n)
+
+			_, msgs := subscribe(t, store, cfg, stream)
+			var mu sync.Mutex
+			acked := map[int64]time.Time{}
+			for range cfg.MaxInFlight {
+				go func() {
+					for msg := range msgs {
+						time.Sleep(time.Millisecond) // the handler's work
+						id, _ := strconv.ParseInt(msg.Metadata.Get(outbox.MetadataEventID), 10, 64)
+						mu.Lock()
+						acked[id] = time.Now()
+						mu.Unlock()
+						msg.Ack()
+					}
+				}()
+			}
+			waitForCount(t, db, "SELECT COUNT(*) FROM millpond_outbox WHERE status = 'delivered'", n)
+
+			written := map[int64]time.Time{}
+			rows := int64Rows(t, db, "SELECT id, delivered_at FROM millpond_outbox WHERE status = 'delivered'")
+			for _, r := range rows {
+				written[r[0]] = time.UnixMicro(r[1])
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			type edge struct {
+				at    time.Time
+				delta int // +1 an ack, -1 its write
+			}
+			var latencies []time.Duration
+			var edges []edge
+			for id, at := range acked {
+				w, ok := written[id]
+				if !ok {
+					t.Fatalf("event %d acked but not delivered", id)
+				}
+				latencies = append(latencies, max(w.Sub(at), 0))
+				edges = append(edges, edge{at, +1}, edge{w, -1})
+			}
+			slices.SortFunc(edges, func(a, b edge) int { return a.at.Compare(b.at) })
+			backlog, worstBacklog := 0, 0
+			for _, e := range edges {
+				backlog += e.delta
+				worstBacklog = max(worstBacklog, backlog)
+			}
+			slices.Sort(latencies)
+			p50, p99, worst := latencies[len(latencies)/2], latencies[len(latencies)*99/100], latencies[len(latencies)-1]
+			bound := 2*(cfg.BatchSize+cfg.MaxInFlight) + cfg.MaxInFlight
+			t.Logf("%s: %d acks; from Ack to its ack statement: median %s, p99 %s, max %s; at most %d handled events without a written ack (bound %d)",
+				dialect, len(acked), p50.Round(10*time.Microsecond), p99.Round(10*time.Microsecond), worst.Round(10*time.Microsecond), worstBacklog, bound)
+			if p50 > 20*time.Millisecond || p99 > 100*time.Millisecond {
+				t.Errorf("acks are written late: median %s (bound 20ms), p99 %s (bound 100ms)", p50, p99)
+			}
+			if worstBacklog > bound {
+				t.Errorf("%d handled events had no written ack at one time; the bound is 2*(BatchSize+MaxInFlight)+MaxInFlight = %d", worstBacklog, bound)
+			}
+		})
+	}
+}
+
+// int64Rows returns the rows of a query whose columns are all integers.
+func int64Rows(t *testing.T, db *testdb.Database, query string) [][]int64 {
+	t.Helper()
+	var out [][]int64
+	add := func(next func() bool, scan func(...any) error, cols int) {
+		for next() {
+			row := make([]int64, cols)
+			dest := make([]any, cols)
+			for i := range row {
+				dest[i] = &row[i]
+			}
+			if err := scan(dest...); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, row)
+		}
+	}
+	if db.Pool != nil {
+		rows, err := db.Pool.Query(context.Background(), query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		add(rows.Next, rows.Scan, len(rows.FieldDescriptions()))
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	rows, err := db.SQL.Query(query)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		t.Fatal(err)
+	}
+	add(rows.Next, rows.Scan, len(cols))
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
