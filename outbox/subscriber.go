@@ -16,6 +16,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/cenkalti/backoff/v5"
 )
 
 // SubscriberConfig configures a Subscriber. Zero values take the defaults.
@@ -48,7 +49,8 @@ type SubscriberConfig struct {
 	// MaxAttempts dead-letters an event after this many claims (default 10).
 	MaxAttempts int
 	// Backoff gives the retry delay after a Nack of the given attempt
-	// (1 for the first). Default: 1 s doubling per attempt, at most 5 min.
+	// (1 for the first). Default: DefaultBackoff, 1 s doubling per attempt
+	// with ±20% jitter, at most 5 min.
 	Backoff func(attempt int) time.Duration
 	// PollInterval is how often an idle subscription looks for due events
 	// (default 1 s on PostgreSQL, where NOTIFY wakes it sooner; 50 ms
@@ -62,15 +64,22 @@ type SubscriberConfig struct {
 	Logger watermill.LoggerAdapter
 }
 
-// DefaultBackoff doubles from 1 s per attempt, capped at 5 minutes.
+// DefaultBackoff is the retry delay after a Nack of the given attempt (1
+// for the first): 1 s doubling per attempt, capped at 5 minutes, each delay
+// randomised by ±20% (cenkalti/backoff's exponential backoff with jitter),
+// so events that failed together are not all retried at the same instant.
 func DefaultBackoff(attempt int) time.Duration {
-	if attempt < 1 {
-		attempt = 1
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     time.Second,
+		RandomizationFactor: 0.2,
+		Multiplier:          2,
+		MaxInterval:         5 * time.Minute,
 	}
-	if attempt > 9 {
-		return 5 * time.Minute
+	var d time.Duration
+	for range min(max(attempt, 1), 16) { // the cap is reached by attempt 10
+		d = b.NextBackOff()
 	}
-	return min(time.Second<<(attempt-1), 5*time.Minute)
+	return min(d, 5*time.Minute)
 }
 
 func (c *SubscriberConfig) setDefaults(listening bool) {
@@ -344,7 +353,15 @@ func (sub *subscription) claimLoop() {
 	idle := time.NewTimer(0)
 	defer idle.Stop()
 	var wait time.Duration
-	failures := 0
+	// After a failed claim: the first retry comes quickly (after a database
+	// restart every pooled connection fails once), later ones back off, with
+	// jitter so that the subscriptions of a process do not retry in step.
+	failed := &backoff.ExponentialBackOff{
+		InitialInterval:     50 * time.Millisecond,
+		RandomizationFactor: 0.5,
+		Multiplier:          2,
+		MaxInterval:         5 * time.Second,
+	}
 	for {
 		room := cap(sub.queue) - len(sub.queue)
 		if room < max(1, cap(sub.queue)/4) {
@@ -362,14 +379,8 @@ func (sub *subscription) claimLoop() {
 		})
 		cancel()
 		if err != nil {
-			// The first retry comes quickly: after a database restart every
-			// pooled connection fails once. Later ones back off; a wake-up
-			// cuts the wait short.
-			failures++
-			delay := 50 * time.Millisecond
-			if failures > 1 {
-				delay = min(sub.cfg.PollInterval*time.Duration(1<<min(failures, 7)), 5*time.Second)
-			}
+			// A wake-up cuts the wait short.
+			delay := failed.NextBackOff()
 			sub.logger.Error("Claim failed; retrying", err, watermill.LogFields{"retry_in": delay.String()})
 			idle.Reset(delay)
 			select {
@@ -380,7 +391,7 @@ func (sub *subscription) claimLoop() {
 			}
 			continue
 		}
-		failures = 0
+		failed.Reset()
 		sub.mu.Lock()
 		for _, c := range claimed {
 			sub.held[c.ID] = c.Receipt()
@@ -585,25 +596,34 @@ func (sub *subscription) fail(c Claimed, msg *message.Message) {
 }
 
 // retry runs op until it succeeds, fails with a stale claim, or budget has
-// passed, backing off from 50 ms to 1 s: long enough to ride out a database
-// restart without giving up on acks (which would mean redeliveries).
+// passed, backing off exponentially from 50 ms to 1 s with jitter
+// (cenkalti/backoff): long enough to ride out a database restart without
+// giving up on acks (which would mean redeliveries). Once stop is closed it
+// keeps trying for at most another second.
 func retry(stop <-chan struct{}, budget time.Duration, op func() error) error {
 	deadline := time.Now().Add(budget)
-	wait := 50 * time.Millisecond
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     50 * time.Millisecond,
+		RandomizationFactor: 0.5,
+		Multiplier:          2,
+		MaxInterval:         time.Second,
+	}
 	for {
 		err := op()
+		wait := b.NextBackOff()
 		if err == nil || errors.Is(err, ErrStaleClaim) || time.Now().Add(wait).After(deadline) {
 			return err
 		}
+		timer := time.NewTimer(wait)
 		select {
 		case <-stop:
-			if budget > time.Second {
-				// Stopping: keep trying, but not for long.
-				deadline = time.Now().Add(time.Second)
+			stop = nil // stopping: keep trying, but not for long
+			if soon := time.Now().Add(time.Second); soon.Before(deadline) {
+				deadline = soon
 			}
-		case <-time.After(wait):
+			<-timer.C
+		case <-timer.C:
 		}
-		wait = min(2*wait, time.Second)
 	}
 }
 
