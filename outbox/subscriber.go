@@ -728,8 +728,8 @@ func (sub *subscription) extendLoop(stop <-chan struct{}) {
 		}
 		sub.mu.Unlock()
 		slices.SortFunc(rs, func(a, b Receipt) int { return cmp.Compare(a.ID, b.ID) })
-		for start := 0; start < len(rs); start += MaxBatch {
-			chunk := rs[start:min(start+MaxBatch, len(rs))]
+		for start := 0; start < len(rs); start += extendChunk {
+			chunk := rs[start:min(start+extendChunk, len(rs))]
 			ctx, cancel := sub.opCtx()
 			_, stale, err := sub.store.ExtendBatch(ctx, chunk, sub.cfg.Lease)
 			cancel()
@@ -753,3 +753,8 @@ func (sub *subscription) extendLoop(stop <-chan struct{}) {
 		}
 	}
 }
+
+// extendChunk is the most leases one extension statement renews. Shorter
+// statements hold their row locks for less time, so the acknowledger (which
+// locks some of the same rows) waits less for them and they for it.
+const extendChunk = 250
