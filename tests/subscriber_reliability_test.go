@@ -316,13 +316,15 @@ var falseAlarms = []string{"lost their leases", "whose lease was lost", "could n
 // AcknowledgeMessageInTx and half through ReceiptFromContext +
 // AcknowledgeInTx, are delivered once, acknowledged once, and the
 // Subscriber logs no stale acknowledgement and no lost lease about them,
-// although its lease extender runs (lease 1 s) while handlers hold
-// transactions open and while committed events wait for their Ack.
+// although its lease extender runs (lease 2 s, an extension every 667 ms)
+// while handlers hold transactions open and while committed events wait
+// for their Ack.
 func TestAcknowledgingInTheHandlersTransactionIsNotAckedAgain(t *testing.T) {
 	for _, dialect := range testdb.Dialects {
 		t.Run(dialect, func(t *testing.T) {
 			t.Parallel()
-			const n = 160
+			const n = 240
+			const lease = 2 * time.Second
 			const stream = "in-tx"
 			logs := &logLines{}
 			db := testdb.New(t, dialect)
@@ -330,7 +332,7 @@ func TestAcknowledgingInTheHandlersTransactionIsNotAckedAgain(t *testing.T) {
 			db.Exec(t, "CREATE TABLE effects (event_key VARCHAR(64) NOT NULL PRIMARY KEY)")
 			enqueueMany(t, db, store, stream, "ev", n)
 			_, msgs := subscribe(t, store, outbox.SubscriberConfig{
-				Lease: time.Second, MaxInFlight: 8, BatchSize: 40, Logger: logs.watermill(),
+				Lease: lease, MaxInFlight: 8, BatchSize: 40, Logger: logs.watermill(),
 			}, stream)
 			hold := 20 * time.Millisecond
 			if dialect == "sqlite" {
@@ -389,7 +391,7 @@ func TestAcknowledgingInTheHandlersTransactionIsNotAckedAgain(t *testing.T) {
 				}()
 			}
 			waitForCount(t, db, "SELECT COUNT(*) FROM millpond_outbox WHERE status = 'delivered'", n)
-			time.Sleep(1200 * time.Millisecond) // more than a lease: a lost event would come back
+			time.Sleep(lease + 200*time.Millisecond) // a lost event would come back
 			mu.Lock()
 			defer mu.Unlock()
 			if len(failures) > 0 {
