@@ -471,7 +471,9 @@ func TestALostLeaseIsStillReported(t *testing.T) {
 // written yet. Each row's delivered_at is the database clock when the ack
 // statement ran (the same host clock as the test's); the ack time is taken
 // just before Ack. Handlers are quick (1 ms) and 16 run at once, so acks
-// arrive much faster than one statement writes them. Bounds are generous:
+// arrive much faster than one statement writes them. The number of handled
+// events without a written ack must stay within
+// 2*(BatchSize+MaxInFlight)+MaxInFlight; the time bounds are generous, as
 // the machine that runs the tests is shared and slow.
 func TestAcksAreWrittenPromptly(t *testing.T) {
 	for _, dialect := range testdb.Dialects {
@@ -533,8 +535,11 @@ func TestAcksAreWrittenPromptly(t *testing.T) {
 			bound := 2*(cfg.BatchSize+cfg.MaxInFlight) + cfg.MaxInFlight
 			t.Logf("%s: %d acks; from Ack to its ack statement: median %s, p99 %s, max %s; at most %d handled events without a written ack (bound %d)",
 				dialect, len(acked), p50.Round(10*time.Microsecond), p99.Round(10*time.Microsecond), worst.Round(10*time.Microsecond), worstBacklog, bound)
-			if p50 > 20*time.Millisecond || p99 > 100*time.Millisecond {
-				t.Errorf("acks are written late: median %s (bound 20ms), p99 %s (bound 100ms)", p50, p99)
+			// The backlog is the guarantee; times depend on the machine (SQLite
+			// waits for an fsync and sleeps while another writer holds the
+			// database): a median of a few milliseconds, the bounds loose.
+			if p50 > 50*time.Millisecond || p99 > time.Second {
+				t.Errorf("acks are written late: median %s (bound 50ms), p99 %s (bound 1s)", p50, p99)
 			}
 			if worstBacklog > bound {
 				t.Errorf("%d handled events had no written ack at one time; the bound is 2*(BatchSize+MaxInFlight)+MaxInFlight = %d", worstBacklog, bound)
