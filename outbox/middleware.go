@@ -40,9 +40,10 @@ const metadataAckedInTx = "millpond_acked_in_tx"
 // retried if they roll back. Ack the message afterwards as usual; the
 // Subscriber then writes no acknowledgement of its own.
 //
-// Acknowledge last, just before committing: the acknowledgement locks the
-// event's row until tx ends, and the Subscriber's lease extension of the
-// events it holds waits for that lock.
+// Acknowledge last, just before committing, and commit before acking the
+// message: the acknowledgement locks the event's row until tx ends. The
+// Subscriber stops extending the lease of an event acknowledged this way,
+// but an extension already under way waits for that lock.
 func (s *Store) AcknowledgeMessageInTx(ctx context.Context, tx Tx, msg *message.Message) error {
 	r, ok := ReceiptFromContext(msg.Context())
 	if !ok {

@@ -51,8 +51,10 @@ func WithClock(now func() time.Time) Option {
 	return func(o *storeOptions) { o.clock = now }
 }
 
-// WithLogger sets the logger for background work (the PostgreSQL listener).
-// The default discards logs.
+// WithLogger sets the logger for background work (the PostgreSQL listener)
+// and for statements the database aborted to resolve a lock conflict (a
+// deadlock or serialization failure), which the store retries with a short
+// backoff. The default discards logs.
 func WithLogger(l *slog.Logger) Option {
 	return func(o *storeOptions) { o.logger = l }
 }
@@ -82,7 +84,12 @@ func buildOptions(opts []Option) storeOptions {
 }
 
 func newStore(d sqlcore.Dialect, db sqlcore.DB, o storeOptions) (*Store, error) {
-	var coreOpts []sqlcore.Option
+	logger := o.logger
+	coreOpts := []sqlcore.Option{sqlcore.WithConflictObserver(func(what string, err error, wait time.Duration) {
+		// Rare once every statement locks rows in id order; worth seeing.
+		logger.Warn("outbox: the database aborted a statement to resolve a lock conflict; retrying",
+			"operation", what, "error", err, "retry_in", wait.Round(time.Microsecond).String())
+	})}
 	if o.clock != nil {
 		coreOpts = append(coreOpts, sqlcore.WithClock(o.clock))
 	}
@@ -307,6 +314,12 @@ func (s *Store) AcknowledgeBatch(ctx context.Context, rs []Receipt) ([]Receipt, 
 // acknowledgement commit together or not at all: if tx rolls back, the
 // events stay claimed and are retried after their leases. It returns
 // ErrStaleClaim when a receipt no longer owns its event under a live lease.
+//
+// A Subscriber of this process that handed the events out learns of the
+// acknowledgement: when the handler then acks the message it writes no
+// acknowledgement of its own (and logs no lost lease); when the handler
+// nacks it (its transaction rolled back) the Nack is recorded as usual.
+// Commit tx before acking the message.
 func (s *Store) AcknowledgeInTx(ctx context.Context, tx Tx, rs ...Receipt) error {
 	ex, err := tx.executor()
 	if err != nil {
@@ -316,6 +329,7 @@ func (s *Store) AcknowledgeInTx(ctx context.Context, tx Tx, rs ...Receipt) error
 	if err != nil {
 		return fmt.Errorf("outbox: acknowledge %d events in a transaction: %w", len(rs), err)
 	}
+	noteAckedInTx(without(rs, convert(stale, receiptFromCore)))
 	if len(stale) > 0 {
 		return fmt.Errorf("outbox: acknowledge %d of %d events in a transaction: %w", len(stale), len(rs), ErrStaleClaim)
 	}
@@ -445,4 +459,22 @@ func (s *Store) UnregisterGroup(ctx context.Context, stream, group string) error
 		return fmt.Errorf("outbox: unregister group: %w", err)
 	}
 	return nil
+}
+
+// without returns the receipts of rs that are not in drop.
+func without(rs, drop []Receipt) []Receipt {
+	if len(drop) == 0 {
+		return rs
+	}
+	skip := make(map[Receipt]bool, len(drop))
+	for _, r := range drop {
+		skip[r] = true
+	}
+	var out []Receipt
+	for _, r := range rs {
+		if !skip[r] {
+			out = append(out, r)
+		}
+	}
+	return out
 }

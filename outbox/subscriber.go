@@ -1,12 +1,14 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/cenkalti/backoff/v5"
 )
 
 // SubscriberConfig configures a Subscriber. Zero values take the defaults.
@@ -46,7 +49,8 @@ type SubscriberConfig struct {
 	// MaxAttempts dead-letters an event after this many claims (default 10).
 	MaxAttempts int
 	// Backoff gives the retry delay after a Nack of the given attempt
-	// (1 for the first). Default: 1 s doubling per attempt, at most 5 min.
+	// (1 for the first). Default: DefaultBackoff, 1 s doubling per attempt
+	// with ±20% jitter, at most 5 min.
 	Backoff func(attempt int) time.Duration
 	// PollInterval is how often an idle subscription looks for due events
 	// (default 1 s on PostgreSQL, where NOTIFY wakes it sooner; 50 ms
@@ -66,15 +70,22 @@ type SubscriberConfig struct {
 	DeadLetterPolicy DeadLetterPolicy
 }
 
-// DefaultBackoff doubles from 1 s per attempt, capped at 5 minutes.
+// DefaultBackoff is the retry delay after a Nack of the given attempt (1
+// for the first): 1 s doubling per attempt, capped at 5 minutes, each delay
+// randomised by ±20% (cenkalti/backoff's exponential backoff with jitter),
+// so events that failed together are not all retried at the same instant.
 func DefaultBackoff(attempt int) time.Duration {
-	if attempt < 1 {
-		attempt = 1
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     time.Second,
+		RandomizationFactor: 0.2,
+		Multiplier:          2,
+		MaxInterval:         5 * time.Minute,
 	}
-	if attempt > 9 {
-		return 5 * time.Minute
+	var d time.Duration
+	for range min(max(attempt, 1), 16) { // the cap is reached by attempt 10
+		d = b.NextBackOff()
 	}
-	return min(time.Second<<(attempt-1), 5*time.Minute)
+	return min(d, 5*time.Minute)
 }
 
 func (c *SubscriberConfig) setDefaults(listening bool) {
@@ -237,8 +248,56 @@ type subscription struct {
 	logger watermill.LoggerAdapter
 
 	mu      sync.Mutex
-	held    map[int64]Receipt // every claimed, unsettled event (for lease extension)
-	settled map[int64]bool    // held events whose ack is being written
+	held    map[int64]Receipt    // every claimed, unsettled event (for lease extension)
+	settled map[int64]settlement // held events acknowledged, not yet forgotten
+}
+
+// settlement is how a held event was acknowledged.
+type settlement uint8
+
+const (
+	// ackQueued: the handler acked and the acknowledger writes the ack.
+	ackQueued settlement = iota + 1
+	// ackedInTx: the handler acknowledged it inside its own transaction
+	// (AcknowledgeInTx or AcknowledgeMessageInTx); the subscription writes
+	// no ack of its own and stops extending the lease, since the row is
+	// locked by that transaction until it ends.
+	ackedInTx
+)
+
+// handedOut maps the receipt of every message a subscription has handed
+// out and not yet settled to that subscription, so that an acknowledgement
+// inside the handler's transaction (which only names receipts) reaches the
+// subscription that delivered the event, whichever Store it was made with.
+// Claim keys are 128 random bits: receipts do not collide.
+var handedOut sync.Map // Receipt -> *subscription
+
+// noteAckedInTx tells the subscriptions of this process that the receipts
+// were acknowledged inside a handler's transaction.
+func noteAckedInTx(rs []Receipt) {
+	for _, r := range rs {
+		if sub, ok := handedOut.Load(r); ok {
+			sub.(*subscription).markAckedInTx(r)
+		}
+	}
+}
+
+func (sub *subscription) markAckedInTx(r Receipt) {
+	sub.mu.Lock()
+	if held, ok := sub.held[r.ID]; ok && held.ClaimKey == r.ClaimKey {
+		sub.settled[r.ID] = ackedInTx
+	}
+	sub.mu.Unlock()
+}
+
+// settledAs returns how the held claim r was acknowledged, if it was.
+func (sub *subscription) settledAs(r Receipt) settlement {
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	if held, ok := sub.held[r.ID]; ok && held.ClaimKey == r.ClaimKey {
+		return sub.settled[r.ID]
+	}
+	return 0
 }
 
 func newSubscription(ctx context.Context, s *Subscriber, topic string) *subscription {
@@ -248,10 +307,10 @@ func newSubscription(ctx context.Context, s *Subscriber, topic string) *subscrip
 		out:     make(chan *message.Message),
 		queue:   make(chan Claimed, s.config.BatchSize),
 		taken:   make(chan struct{}, 1),
-		acks:    make(chan Receipt, 2*s.config.BatchSize+s.config.MaxInFlight),
+		acks:    make(chan Receipt, ackBacklog(&s.config)),
 		logger:  s.config.Logger.With(watermill.LogFields{"topic": topic, "consumer_group": s.config.ConsumerGroup}),
 		held:    map[int64]Receipt{},
-		settled: map[int64]bool{},
+		settled: map[int64]settlement{},
 	}
 }
 
@@ -300,7 +359,15 @@ func (sub *subscription) claimLoop() {
 	idle := time.NewTimer(0)
 	defer idle.Stop()
 	var wait time.Duration
-	failures := 0
+	// After a failed claim: the first retry comes quickly (after a database
+	// restart every pooled connection fails once), later ones back off, with
+	// jitter so that the subscriptions of a process do not retry in step.
+	failed := &backoff.ExponentialBackOff{
+		InitialInterval:     50 * time.Millisecond,
+		RandomizationFactor: 0.5,
+		Multiplier:          2,
+		MaxInterval:         5 * time.Second,
+	}
 	for {
 		room := cap(sub.queue) - len(sub.queue)
 		if room < max(1, cap(sub.queue)/4) {
@@ -319,14 +386,8 @@ func (sub *subscription) claimLoop() {
 		})
 		cancel()
 		if err != nil {
-			// The first retry comes quickly: after a database restart every
-			// pooled connection fails once. Later ones back off; a wake-up
-			// cuts the wait short.
-			failures++
-			delay := 50 * time.Millisecond
-			if failures > 1 {
-				delay = min(sub.cfg.PollInterval*time.Duration(1<<min(failures, 7)), 5*time.Second)
-			}
+			// A wake-up cuts the wait short.
+			delay := failed.NextBackOff()
 			sub.logger.Error("Claim failed; retrying", err, watermill.LogFields{"retry_in": delay.String()})
 			idle.Reset(delay)
 			select {
@@ -337,7 +398,7 @@ func (sub *subscription) claimLoop() {
 			}
 			continue
 		}
-		failures = 0
+		failed.Reset()
 		sub.mu.Lock()
 		for _, c := range claimed {
 			sub.held[c.ID] = c.Receipt()
@@ -440,6 +501,8 @@ func (sub *subscription) deliver(c Claimed) bool {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(sub.ctx))
 	defer cancel()
 	msg.SetContext(context.WithValue(ctx, receiptKey{}, c.Receipt()))
+	handedOut.Store(c.Receipt(), sub)
+	defer handedOut.Delete(c.Receipt())
 
 	// Stopping wins over a ready reader: what was not handed out is
 	// released, not delivered after Close began.
@@ -461,14 +524,15 @@ func (sub *subscription) deliver(c Claimed) bool {
 	for {
 		select {
 		case <-msg.Acked():
-			if msg.Metadata.Get(metadataAckedInTx) != "" {
-				// The handler acknowledged in its own transaction; if that
-				// rolled back, the lease expires and the event is retried.
+			if sub.settledAs(c.Receipt()) == ackedInTx || msg.Metadata.Get(metadataAckedInTx) != "" {
+				// The handler acknowledged in its own transaction, which
+				// it committed before acking; if it rolled back instead,
+				// the lease expires and the event is retried.
 				sub.forget(c.Receipt())
 				return true
 			}
 			sub.mu.Lock()
-			sub.settled[c.ID] = true
+			sub.settled[c.ID] = ackQueued
 			sub.mu.Unlock()
 			sub.acks <- c.Receipt()
 			return true
@@ -514,6 +578,7 @@ func (sub *subscription) forget(rs ...Receipt) {
 // fail records a Nack: retry after Backoff or dead-letter at the limit.
 func (sub *subscription) fail(c Claimed, msg *message.Message) {
 	defer sub.forget(c.Receipt())
+	inTx := sub.settledAs(c.Receipt()) == ackedInTx
 	reason := msg.Metadata.Get(MetadataHandlerError)
 	if reason == "" {
 		reason = "message nacked by handler"
@@ -532,33 +597,47 @@ func (sub *subscription) fail(c Claimed, msg *message.Message) {
 		}
 		return err
 	})
-	if errors.Is(err, ErrStaleClaim) {
+	switch {
+	case errors.Is(err, ErrStaleClaim) && inTx:
+		// The handler's transaction acknowledged it and committed: the
+		// acknowledgement stands; nothing was lost.
+		sub.logger.Debug("Nack of an event acknowledged in the handler's transaction; the acknowledgement stands", watermill.LogFields{"event_id": c.ID})
+	case errors.Is(err, ErrStaleClaim):
 		sub.logger.Info("Nack of an event whose lease was lost; it is retried elsewhere", watermill.LogFields{"event_id": c.ID})
-	} else if err != nil {
+	case err != nil:
 		sub.logger.Error("Could not record Nack; the lease will expire and the event will be retried", err, watermill.LogFields{"event_id": c.ID})
 	}
 }
 
 // retry runs op until it succeeds, fails with a stale claim, or budget has
-// passed, backing off from 50 ms to 1 s: long enough to ride out a database
-// restart without giving up on acks (which would mean redeliveries).
+// passed, backing off exponentially from 50 ms to 1 s with jitter
+// (cenkalti/backoff): long enough to ride out a database restart without
+// giving up on acks (which would mean redeliveries). Once stop is closed it
+// keeps trying for at most another second.
 func retry(stop <-chan struct{}, budget time.Duration, op func() error) error {
 	deadline := time.Now().Add(budget)
-	wait := 50 * time.Millisecond
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     50 * time.Millisecond,
+		RandomizationFactor: 0.5,
+		Multiplier:          2,
+		MaxInterval:         time.Second,
+	}
 	for {
 		err := op()
+		wait := b.NextBackOff()
 		if err == nil || errors.Is(err, ErrStaleClaim) || time.Now().Add(wait).After(deadline) {
 			return err
 		}
+		timer := time.NewTimer(wait)
 		select {
 		case <-stop:
-			if budget > time.Second {
-				// Stopping: keep trying, but not for long.
-				deadline = time.Now().Add(time.Second)
+			stop = nil // stopping: keep trying, but not for long
+			if soon := time.Now().Add(time.Second); soon.Before(deadline) {
+				deadline = soon
 			}
-		case <-time.After(wait):
+			<-timer.C
+		case <-timer.C:
 		}
-		wait = min(2*wait, time.Second)
 	}
 }
 
@@ -592,14 +671,25 @@ func (sub *subscription) releaseQueued() {
 	}
 }
 
+// ackBacklog is the capacity of a subscription's ack queue: one claim batch
+// plus the messages in flight. A handler's Ack waits while the queue is full,
+// so at most two backlogs of acks (one queued, one being written) plus
+// MaxInFlight are unwritten at any time: that bounds what a crash delivers
+// again (see docs/architecture.md).
+func ackBacklog(c *SubscriberConfig) int {
+	return min(c.BatchSize+c.MaxInFlight, MaxBatch)
+}
+
 // ackLoop writes acks in batches: it waits for one, takes every other ack
-// already waiting, and writes them in one statement.
+// already waiting (at most the queue's capacity), and writes them in one
+// statement at once; there is no timer, so an ack waits at most for the
+// write before it to end, then for its own.
 func (sub *subscription) ackLoop() {
-	batch := make([]Receipt, 0, MaxBatch)
+	batch := make([]Receipt, 0, cap(sub.acks))
 	for r := range sub.acks {
 		batch = append(batch[:0], r)
 	more:
-		for len(batch) < MaxBatch {
+		for len(batch) < cap(sub.acks) {
 			select {
 			case r, ok := <-sub.acks:
 				if !ok {
@@ -646,11 +736,14 @@ func (sub *subscription) extendLoop(stop <-chan struct{}) {
 		sub.mu.Lock()
 		rs := make([]Receipt, 0, len(sub.held))
 		for _, r := range sub.held {
-			rs = append(rs, r)
+			if sub.settled[r.ID] != ackedInTx {
+				rs = append(rs, r)
+			}
 		}
 		sub.mu.Unlock()
-		for start := 0; start < len(rs); start += MaxBatch {
-			chunk := rs[start:min(start+MaxBatch, len(rs))]
+		slices.SortFunc(rs, func(a, b Receipt) int { return cmp.Compare(a.ID, b.ID) })
+		for start := 0; start < len(rs); start += extendChunk {
+			chunk := rs[start:min(start+extendChunk, len(rs))]
 			ctx, cancel := sub.opCtx()
 			_, stale, err := sub.store.ExtendBatch(ctx, chunk, sub.cfg.Lease)
 			cancel()
@@ -658,11 +751,12 @@ func (sub *subscription) extendLoop(stop <-chan struct{}) {
 				sub.logger.Error("Could not extend leases", err, watermill.LogFields{"events": len(chunk)})
 				continue
 			}
-			// An event acked meanwhile is stale to Extend but not lost.
+			// An event acked meanwhile (by the acknowledger or in the
+			// handler's transaction) is stale to Extend but not lost.
 			sub.mu.Lock()
 			lost := 0
 			for _, r := range stale {
-				if _, held := sub.held[r.ID]; held && !sub.settled[r.ID] {
+				if held, ok := sub.held[r.ID]; ok && held.ClaimKey == r.ClaimKey && sub.settled[r.ID] == 0 {
 					lost++
 				}
 			}
@@ -673,3 +767,8 @@ func (sub *subscription) extendLoop(stop <-chan struct{}) {
 		}
 	}
 }
+
+// extendChunk is the most leases one extension statement renews. Shorter
+// statements hold their row locks for less time, so the acknowledger (which
+// locks some of the same rows) waits less for them and they for it.
+const extendChunk = 250

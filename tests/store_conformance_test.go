@@ -15,11 +15,6 @@ import (
 	"testing"
 	"time"
 
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
-	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/millpond/millpond/internal/testdb"
 	"github.com/millpond/millpond/outbox"
 )
@@ -58,7 +53,6 @@ var conformanceCases = []conformanceCase{
 	{name: "LeaseExpiryAtFinalAttemptDeadLetters", run: testLeaseExpiryFinalAttempt},
 	{name: "IdempotentEnqueue", run: testIdempotentEnqueue},
 	{name: "RacingEnqueuesOfOneKeyMakeOneEvent", run: testRacingEnqueues},
-	{name: "EnqueueRefusesNonTransaction", run: testEnqueueRefusesNonTransaction},
 	{name: "Bounds", run: testBounds},
 	{name: "SanitizedErrorTextIsAccepted", run: testSanitizedErrorText},
 	{name: "Redaction", run: testRedaction},
@@ -73,6 +67,7 @@ var conformanceCases = []conformanceCase{
 	{name: "ClaimOrderAndBatchAcknowledge", run: testClaimOrderAndBatchAck},
 	{name: "DelaysHoldEventsBack", run: testDelays},
 	{name: "DatabaseClockLeases", dbClock: true, run: testDatabaseClock},
+	{name: "MultiRowStatementsLockInIDOrder", run: testLockOrder},
 }
 
 // fakeClock is a controllable clock for outbox.WithClock.
@@ -723,50 +718,6 @@ WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO LIKE 'INSERT INTO millp
 			e.t.Fatalf("%s: the second transaction never waited on the first's lock", label)
 		}
 		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// Every form of "no transaction" is refused with ErrNoTransaction, never a
-// panic: the zero Tx and Txs made from nil transactions, typed nils
-// included (a `var tx *pgxpool.Tx` passed as pgx.Tx), through Enqueue, both
-// Publishers and the acknowledgements in a transaction. Pools and
-// connections cannot become a Tx at all (tests/typedtx_test.go).
-func testEnqueueRefusesNonTransaction(t *testing.T, e *env) {
-	ev := event("s", "k")
-	var nilSQL *sql.Tx
-	var nilPool *pgxpool.Tx
-	var nilPgx pgx.Tx
-	var nilWatermill wsql.Tx
-	cases := map[string]outbox.Tx{
-		"zero Tx":                      {},
-		"SQLTx(nil)":                   outbox.SQLTx(nil),
-		"SQLTx(typed nil *sql.Tx)":     outbox.SQLTx(nilSQL),
-		"PgxTx(nil)":                   outbox.PgxTx(nilPgx),
-		"PgxTx(typed nil *pgxpool.Tx)": outbox.PgxTx(nilPool),
-		"WatermillSQLTx(nil)":          outbox.WatermillSQLTx(nilWatermill),
-	}
-	ctxPub, err := outbox.NewContextPublisher(e.s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for name, tx := range cases {
-		if _, err := e.s.Enqueue(e.ctx, tx, ev); !errors.Is(err, outbox.ErrNoTransaction) {
-			t.Errorf("Enqueue with %s: want ErrNoTransaction, got %v", name, err)
-		}
-		if _, err := outbox.NewPublisher(e.s, tx); !errors.Is(err, outbox.ErrNoTransaction) {
-			t.Errorf("NewPublisher with %s: want ErrNoTransaction, got %v", name, err)
-		}
-		m := message.NewMessage("no-tx", []byte("x"))
-		m.SetContext(outbox.ContextWithTx(e.ctx, tx))
-		if err := ctxPub.Publish("s", m); !errors.Is(err, outbox.ErrNoTransaction) {
-			t.Errorf("context Publish with %s: want ErrNoTransaction, got %v", name, err)
-		}
-		if err := e.s.AcknowledgeInTx(e.ctx, tx, outbox.Receipt{ID: 1, ClaimKey: "k"}); !errors.Is(err, outbox.ErrNoTransaction) {
-			t.Errorf("AcknowledgeInTx with %s: want ErrNoTransaction, got %v", name, err)
-		}
-	}
-	if n := e.count("SELECT COUNT(*) FROM millpond_outbox"); n != 0 {
-		t.Fatalf("refused enqueues wrote %d rows", n)
 	}
 }
 

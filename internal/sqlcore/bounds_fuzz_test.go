@@ -288,9 +288,9 @@ func TestStatementsBindEveryParameter(t *testing.T) {
 	for _, d := range []Dialect{Postgres, MySQL, SQLite} {
 		s := newStatements(d)
 		for name, q := range map[string]query{
-			"enqueue": s.enqueue, "existing": s.existing, "claim": s.claim, "claimSelect": s.claimSelect, "claimDead": s.claimDead,
+			"enqueue": s.enqueue, "existing": s.existing, "claim": s.claim, "claimDue": s.claimDue, "claimSelect": s.claimSelect, "claimDead": s.claimDead,
 			"ack": s.ack, "ackMark": s.ackMark, "fail": s.fail, "failStatus": s.failStatus, "extend": s.extend, "extendCheck": s.extendCheck,
-			"release": s.release, "requeue": s.requeue, "listDead": s.listDead, "purge": s.purge, "stats": s.stats,
+			"release": s.release, "requeue": s.requeue, "listDead": s.listDead, "purge": s.purge, "purgeSelect": s.purgeSelect, "stats": s.stats,
 			"register": s.register, "unregister": s.unregister, "now": s.now,
 			"enqueueOrdered": s.enqueueOrdered, "enqueueOrderedNotify": s.enqueueOrderedNotify, "orderedGroups": s.orderedGroups,
 			"bumpKey": s.bumpKey, "keyState": s.keyState, "insertOrdered": s.insertOrdered, "unbumpKey": s.unbumpKey,

@@ -23,6 +23,9 @@ type Core struct {
 	db      DB
 	clock   func() time.Time
 	stmts   *statements
+	// onConflict sees every conflict (deadlock, serialization failure,
+	// SQLite busy) that the core retries.
+	onConflict func(what string, err error, wait time.Duration)
 }
 
 // Option configures a Core.
@@ -32,6 +35,14 @@ type Option func(*Core)
 // Production code should leave the database clock in charge of leases.
 func WithClock(now func() time.Time) Option {
 	return func(c *Core) { c.clock = now }
+}
+
+// WithConflictObserver sets a function called for every statement or
+// transaction that the database aborted to break a deadlock or a
+// serialization conflict (or that SQLite's busy timeout ended) and that the
+// core runs again after wait. what names the operation.
+func WithConflictObserver(f func(what string, err error, wait time.Duration)) Option {
+	return func(c *Core) { c.onConflict = f }
 }
 
 // New returns a Core for the dialect over db.
@@ -329,12 +340,16 @@ func (c *Core) Claim(ctx context.Context, req ClaimRequest) ([]Claimed, error) {
 // them, in one transaction.
 func (c *Core) claimMySQL(ctx context.Context, req ClaimRequest) ([]Claimed, error) {
 	var out []Claimed
-	err := inTxRetry(ctx, c.db, &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
+	err := c.inTxRetry(ctx, "claim", &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
 		out = out[:0]
+		vals := map[string]any{"stream": req.Stream, "group": req.Group, "limit": req.Limit, "now": c.nowArg()}
+		due, err := c.queryIDs(ctx, tx, c.stmts.claimDue.text, c.stmts.claimDue.args(vals))
+		if err != nil || len(due) == 0 {
+			return err
+		}
 		q := c.stmts.claimSelect
-		rows, err := tx.QueryContext(ctx, q.text, q.args(map[string]any{
-			"stream": req.Stream, "group": req.Group, "limit": req.Limit, "now": c.nowArg(),
-		})...)
+		text, extra := expandIDs(q.text, slices.Sorted(maps.Keys(due)))
+		rows, err := tx.QueryContext(ctx, text, append(q.args(vals), extra...)...)
 		if err != nil {
 			return err
 		}
@@ -414,7 +429,8 @@ func (c *Core) AcknowledgeBatch(ctx context.Context, rs []Receipt) (stale []Rece
 	rs = sortedReceipts(rs)
 	var settled map[int64]bool
 	if c.dialect == MySQL {
-		err = inTxRetry(ctx, c.db, &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
+		err = c.inTxRetry(ctx, "acknowledge", &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
+			var err error
 			settled, err = c.ack(ctx, tx, rs)
 			return err
 		})
@@ -423,9 +439,13 @@ func (c *Core) AcknowledgeBatch(ctx context.Context, rs []Receipt) (stale []Rece
 		// as before ordering keys existed; the others (and stale receipts,
 		// which change nothing) in a transaction that also promotes the
 		// next event of each key.
-		settled, err = c.ack(ctx, c.db, rs)
+		err = c.retryConflicts(ctx, "acknowledge", func() error {
+			var err error
+			settled, err = c.ack(ctx, c.db, rs)
+			return err
+		})
 		if rest := staleOf(rs, settled); err == nil && len(rest) > 0 {
-			err = inTxRetry(ctx, c.db, &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
+			err = c.inTxRetry(ctx, "acknowledge ordered events", &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
 				done, err := c.ackOrderedRows(ctx, tx, rest)
 				if err != nil {
 					return err
@@ -497,6 +517,7 @@ func staleOf(rs []Receipt, settled map[int64]bool) []Receipt {
 // has no RETURNING, and telling afterwards which rows one UPDATE changed is
 // ambiguous: a row acknowledged earlier at the same instant looks the same).
 func (c *Core) ack(ctx context.Context, ex Executor, rs []Receipt) (map[int64]bool, error) {
+	rs = inIDOrder(rs)
 	switch c.dialect {
 	case Postgres:
 		ids, keys := splitReceipts(rs)
@@ -520,6 +541,19 @@ func (c *Core) ack(ctx context.Context, ex Executor, rs []Receipt) (map[int64]bo
 		return nil, err
 	}
 	return live, c.releaseKeys(ctx, ex, keys)
+}
+
+// inIDOrder returns the receipts sorted by event id (a copy; rs is left as
+// it is). Every statement that locks several outbox rows takes its locks in
+// id order, so that two of them over overlapping rows (the acknowledger and
+// the lease extender of one Subscriber, say) cannot deadlock: MySQL and
+// SQLite get their lists in this order, and PostgreSQL locks in a
+// subselect ordered by id (its join with the array would otherwise lock in
+// whatever order the plan reads the rows).
+func inIDOrder(rs []Receipt) []Receipt {
+	out := slices.Clone(rs)
+	slices.SortStableFunc(out, func(a, b Receipt) int { return cmp.Compare(a.ID, b.ID) })
+	return out
 }
 
 func splitReceipts(rs []Receipt) ([]int64, []string) {
@@ -569,7 +603,7 @@ func (c *Core) Fail(ctx context.Context, r Receipt, f Failure) (FailOutcome, err
 	var status string
 	found := false
 	if c.dialect == MySQL {
-		err := inTxRetry(ctx, c.db, nil, func(tx Tx) error {
+		err := c.inTxRetry(ctx, "fail", nil, func(tx Tx) error {
 			found, status = false, ""
 			res, err := tx.ExecContext(ctx, c.stmts.fail.text, c.stmts.fail.args(vals)...)
 			if err != nil {
@@ -594,18 +628,24 @@ func (c *Core) Fail(ctx context.Context, r Receipt, f Failure) (FailOutcome, err
 			return FailOutcome{}, err
 		}
 	} else {
-		rows, err := c.db.QueryContext(ctx, c.stmts.fail.text, c.stmts.fail.args(vals)...)
-		if err != nil {
-			return FailOutcome{}, err
-		}
-		if rows.Next() {
-			found = true
-			err = rows.Scan(&status)
-		}
-		if err == nil {
-			err = rowsErr(rows)
-		}
-		rows.Close()
+		err := c.retryConflicts(ctx, "fail", func() error {
+			found, status = false, ""
+			rows, err := c.db.QueryContext(ctx, c.stmts.fail.text, c.stmts.fail.args(vals)...)
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			if rows.Next() {
+				found = true
+				if err := rows.Scan(&status); err != nil {
+					return err
+				}
+			}
+			if err := rowsErr(rows); err != nil {
+				return err
+			}
+			return rows.Close()
+		})
 		if err != nil {
 			return FailOutcome{}, err
 		}
@@ -646,25 +686,32 @@ func (c *Core) ExtendBatch(ctx context.Context, rs []Receipt, lease time.Duratio
 		return rows.Close()
 	}
 	var err error
+	ordered := inIDOrder(rs)
 	switch c.dialect {
 	case Postgres:
-		ids, keys := splitReceipts(rs)
-		err = scan(c.db, c.stmts.extend.text, c.stmts.extend.args(map[string]any{"ids": ids, "keys": keys, "lease": micros(lease), "now": c.nowArg()}))
+		ids, keys := splitReceipts(ordered)
+		err = c.retryConflicts(ctx, "extend", func() error {
+			clear(extended)
+			return scan(c.db, c.stmts.extend.text, c.stmts.extend.args(map[string]any{"ids": ids, "keys": keys, "lease": micros(lease), "now": c.nowArg()}))
+		})
 	case SQLite:
-		text, extra := expandPairs(c.dialect, c.stmts.extend.text, rs)
-		err = scan(c.db, text, append(c.stmts.extend.args(map[string]any{"lease": micros(lease), "now": c.nowArg()}), extra...))
+		text, extra := expandPairs(c.dialect, c.stmts.extend.text, ordered)
+		err = c.retryConflicts(ctx, "extend", func() error {
+			clear(extended)
+			return scan(c.db, text, append(c.stmts.extend.args(map[string]any{"lease": micros(lease), "now": c.nowArg()}), extra...))
+		})
 	case MySQL:
-		err = inTxRetry(ctx, c.db, nil, func(tx Tx) error {
+		err = c.inTxRetry(ctx, "extend", &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
 			clear(extended)
 			now, err := c.resolveNow(ctx, tx)
 			if err != nil {
 				return err
 			}
-			text, extra := expandPairs(c.dialect, c.stmts.extend.text, rs)
+			text, extra := expandPairs(c.dialect, c.stmts.extend.text, ordered)
 			if _, err := tx.ExecContext(ctx, text, append(c.stmts.extend.args(map[string]any{"lease": micros(lease), "now": now}), extra...)...); err != nil {
 				return err
 			}
-			text, extra = expandPairs(c.dialect, c.stmts.extendCheck.text, rs)
+			text, extra = expandPairs(c.dialect, c.stmts.extendCheck.text, ordered)
 			return scan(tx, text, append(c.stmts.extendCheck.args(map[string]any{"expires": now + micros(lease)}), extra...))
 		})
 	}
@@ -690,20 +737,32 @@ func (c *Core) Release(ctx context.Context, rs []Receipt) (int, error) {
 	}
 	var text string
 	var args []any
+	ordered := inIDOrder(rs)
 	if c.dialect == Postgres {
-		ids, keys := splitReceipts(rs)
+		ids, keys := splitReceipts(ordered)
 		text, args = c.stmts.release.text, c.stmts.release.args(map[string]any{"ids": ids, "keys": keys, "now": c.nowArg()})
 	} else {
 		var extra []any
-		text, extra = expandPairs(c.dialect, c.stmts.release.text, rs)
+		text, extra = expandPairs(c.dialect, c.stmts.release.text, ordered)
 		args = append(c.stmts.release.args(map[string]any{"now": c.nowArg()}), extra...)
 	}
-	res, err := c.db.ExecContext(ctx, text, args...)
-	if err != nil {
-		return 0, err
-	}
-	n, err := res.RowsAffected()
+	n, err := c.execCount(ctx, "release", text, args)
 	return int(n), err
+}
+
+// execCount runs one autocommit statement of the store's own, retrying
+// conflicts, and returns how many rows it changed.
+func (c *Core) execCount(ctx context.Context, what, text string, args []any) (int64, error) {
+	var n int64
+	err := c.retryConflicts(ctx, what, func() error {
+		res, err := c.db.ExecContext(ctx, text, args...)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	return n, err
 }
 
 // DeadQuery selects dead-lettered events of one stream.
@@ -770,6 +829,7 @@ func (c *Core) Requeue(ctx context.Context, stream string, ids []int64) (int, er
 	st := c.stmts.requeue
 	var text string
 	var args []any
+	ids = slices.Sorted(slices.Values(ids)) // lock in id order; see inIDOrder
 	if c.dialect == Postgres {
 		text, args = st.text, st.args(map[string]any{"stream": stream, "ids": ids, "now": c.nowArg()})
 	} else {
@@ -777,11 +837,7 @@ func (c *Core) Requeue(ctx context.Context, stream string, ids []int64) (int, er
 		text, extra = expandIDs(st.text, ids)
 		args = append(st.args(map[string]any{"stream": stream, "now": c.nowArg()}), extra...)
 	}
-	res, err := c.db.ExecContext(ctx, text, args...)
-	if err != nil {
-		return 0, err
-	}
-	n, err := res.RowsAffected()
+	n, err := c.execCount(ctx, "requeue", text, args)
 	if err != nil {
 		return 0, err
 	}
@@ -802,7 +858,7 @@ func (c *Core) Reroute(ctx context.Context, stream string, ids []int64) (int, er
 		return 0, err
 	}
 	moved := 0
-	err := inTxRetry(ctx, c.db, nil, func(tx Tx) error {
+	err := c.inTxRetry(ctx, "reroute", nil, func(tx Tx) error {
 		moved = 0
 		for _, id := range ids {
 			kind, err := c.queryString(ctx, tx, c.stmts.deadKind, map[string]any{"id": id, "stream": stream})
@@ -879,11 +935,16 @@ func (c *Core) Purge(ctx context.Context, olderThan time.Duration, limit int) (i
 		return 0, fmt.Errorf("purge limit %d is outside 1-%d: %w", limit, MaxPurgeBatch, ErrInvalidBatch)
 	}
 	st := c.stmts.purge
-	res, err := c.db.ExecContext(ctx, st.text, st.args(map[string]any{"horizon": micros(olderThan), "limit": limit, "now": c.nowArg()})...)
-	if err != nil {
+	vals := map[string]any{"horizon": micros(olderThan), "limit": limit, "now": c.nowArg()}
+	if c.dialect != MySQL {
+		return c.execCount(ctx, "purge", st.text, st.args(vals))
+	}
+	ids, err := c.queryIDs(ctx, c.db, c.stmts.purgeSelect.text, c.stmts.purgeSelect.args(vals))
+	if err != nil || len(ids) == 0 {
 		return 0, err
 	}
-	return res.RowsAffected()
+	text, args := expandIDs(st.text, slices.Sorted(maps.Keys(ids)))
+	return c.execCount(ctx, "purge", text, args)
 }
 
 // Stats counts undelivered rows per stream and consumer group.
@@ -921,7 +982,7 @@ func (c *Core) RegisterGroup(ctx context.Context, stream, group string, kinds ..
 	if err != nil {
 		return err
 	}
-	return inTxRetry(ctx, c.db, nil, func(tx Tx) error { return c.register(ctx, tx, stream, group, kinds) })
+	return c.inTxRetry(ctx, "register group", nil, func(tx Tx) error { return c.register(ctx, tx, stream, group, kinds) })
 }
 
 // SetGroupKinds makes the group's subscription to the stream exactly the
@@ -934,7 +995,7 @@ func (c *Core) SetGroupKinds(ctx context.Context, stream, group string, kinds ..
 	if err != nil {
 		return err
 	}
-	return inTxRetry(ctx, c.db, nil, func(tx Tx) error {
+	return c.inTxRetry(ctx, "set group kinds", nil, func(tx Tx) error {
 		if err := c.register(ctx, tx, stream, group, kinds); err != nil {
 			return err
 		}

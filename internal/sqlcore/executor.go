@@ -3,8 +3,12 @@ package sqlcore
 import (
 	"context"
 	"database/sql"
-	"math/rand/v2"
+	"errors"
+	"fmt"
 	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Result is what an executed statement reports.
@@ -72,31 +76,74 @@ func inTx(ctx context.Context, db DB, opts *sql.TxOptions, fn func(Tx) error) er
 	return tx.Commit()
 }
 
-// inTxRetry is inTx for statements that are safe to run again as a whole:
-// when the database aborts the transaction to break a deadlock (which
-// InnoDB does now and then between concurrent SKIP LOCKED claims) or SQLite
-// gives up waiting for its one writer lock, it runs fn again, up to three
-// times. fn must reset any state it fills.
-func inTxRetry(ctx context.Context, db DB, opts *sql.TxOptions, fn func(Tx) error) error {
-	var err error
-	for attempt := range 4 {
-		if err = inTx(ctx, db, opts, fn); err == nil || !deadlocked(db, err) {
-			return err
+// Bounds of conflict retries: a statement or transaction that the database
+// aborted to break a deadlock or a serialization conflict is run again up to
+// conflictTries times in all, after a jittered exponential backoff from
+// conflictBackoffFirst, at most conflictBackoffMax each (cenkalti/backoff).
+const (
+	conflictTries        = 6
+	conflictBackoffFirst = 2 * time.Millisecond
+	conflictBackoffMax   = 100 * time.Millisecond
+)
+
+// retryConflicts runs op, and runs it again while it fails with a conflict
+// the database resolved by aborting it (see retryable), within
+// conflictTries and ctx. Every retried conflict is reported to the core's
+// observer, so a deadlock shows in the logs even when the retry succeeds.
+// op must be safe to run again as a whole: one autocommit statement, or a
+// whole transaction of the store's own; never a statement inside a caller's
+// transaction, which the abort has ended.
+func (c *Core) retryConflicts(ctx context.Context, what string, op func() error) error {
+	var last error
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     conflictBackoffFirst,
+		RandomizationFactor: 0.5,
+		Multiplier:          2,
+		MaxInterval:         conflictBackoffMax,
+	}
+	_, err := backoff.Retry(ctx, func() (struct{}, error) {
+		last = op()
+		if last != nil && !retryable(c.db, last) {
+			return struct{}{}, backoff.Permanent(last)
 		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(time.Duration(attempt+1) * time.Duration(1+rand.IntN(5)) * time.Millisecond):
-		}
+		return struct{}{}, last
+	},
+		backoff.WithBackOff(b),
+		backoff.WithMaxTries(conflictTries),
+		backoff.WithMaxElapsedTime(0),
+		backoff.WithNotify(func(err error, wait time.Duration) {
+			if c.onConflict != nil {
+				c.onConflict(what, err, wait)
+			}
+		}))
+	if err != nil && last != nil && !errors.Is(err, last) {
+		// The context ended between two tries: report the database's error.
+		return fmt.Errorf("%w (stopped retrying: %w)", last, err)
 	}
 	return err
 }
 
-// deadlocked reports whether err aborted a transaction that may simply be
-// run again, as the database's driver tells (MySQL's "deadlock found" or
-// "lock wait timeout", SQLite's "database is locked" after its busy
-// timeout): a DB that knows its driver's errors has a Transient method.
-func deadlocked(db DB, err error) bool {
+// inTxRetry runs fn in a transaction of the core's database, committing on
+// success, and runs the whole transaction again when the database aborts it
+// to break a deadlock (InnoDB does now and then between concurrent SKIP
+// LOCKED claims) or SQLite gives up waiting for its one writer lock. fn must
+// reset any state it fills.
+func (c *Core) inTxRetry(ctx context.Context, what string, opts *sql.TxOptions, fn func(Tx) error) error {
+	return c.retryConflicts(ctx, what, func() error { return inTx(ctx, c.db, opts, fn) })
+}
+
+// retryable reports whether the database aborted a statement or transaction
+// to resolve a conflict, after which the whole of it may simply be run
+// again: PostgreSQL's deadlock_detected (40P01) and serialization_failure
+// (40001), and what the driver package of db tells through its Transient
+// method (MySQL's deadlock 1213 and lock wait timeout 1205, SQLite's
+// "database is locked" after its busy timeout), so that this package links
+// no driver but pgx.
+func retryable(db DB, err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code == "40P01" || pe.Code == "40001"
+	}
 	t, ok := db.(interface{ Transient(error) bool })
 	return ok && t.Transient(err)
 }

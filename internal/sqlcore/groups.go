@@ -293,7 +293,7 @@ func (c *Core) lifecycleTx(ctx context.Context, fn func(Tx) error) error {
 	if c.dialect == MySQL {
 		opts = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 	}
-	return inTxRetry(ctx, c.db, opts, fn)
+	return c.inTxRetry(ctx, "group lifecycle", opts, fn)
 }
 
 // deleteChunk locks, in id order, the rows among ids that lock still

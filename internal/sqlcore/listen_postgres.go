@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -16,24 +17,32 @@ const NotifyChannel = "millpond_outbox"
 // ListenPostgres holds one dedicated connection listening on NotifyChannel
 // and calls wake with the stream of each notification. After every
 // (re)connect it calls wake with "" so callers poll once for anything missed
-// while disconnected. A dropped connection is re-established with capped
-// exponential backoff until ctx ends; onErr sees each failure.
+// while disconnected. A dropped connection is re-established until ctx
+// ends, after an exponential backoff with jitter (cenkalti/backoff) from
+// 50 ms to 5 s, started again after every successful connection; onErr
+// sees each failure.
 func ListenPostgres(ctx context.Context, config *pgx.ConnConfig, wake func(stream string), onErr func(error)) {
-	backoff := 50 * time.Millisecond
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     50 * time.Millisecond,
+		RandomizationFactor: 0.5,
+		Multiplier:          2,
+		MaxInterval:         5 * time.Second,
+	}
 	for ctx.Err() == nil {
-		err := listenOnce(ctx, config, wake, func() { backoff = 50 * time.Millisecond })
+		err := listenOnce(ctx, config, wake, b.Reset)
 		if ctx.Err() != nil {
 			return
 		}
 		if onErr != nil && err != nil {
 			onErr(err)
 		}
+		timer := time.NewTimer(b.NextBackOff())
 		select {
 		case <-ctx.Done():
+			timer.Stop()
 			return
-		case <-time.After(backoff):
+		case <-timer.C:
 		}
-		backoff = min(backoff*2, 5*time.Second)
 	}
 }
 

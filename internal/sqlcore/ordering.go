@@ -283,7 +283,7 @@ func (c *Core) releaseKeys(ctx context.Context, ex Executor, keys []orderKey) er
 func (c *Core) failSkip(ctx context.Context, vals map[string]any) (FailOutcome, error) {
 	var status string
 	found := false
-	err := inTxRetry(ctx, c.db, &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
+	err := c.inTxRetry(ctx, "fail under skip", &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
 		found, status = false, ""
 		var k orderKey
 		if c.dialect == MySQL {
@@ -354,7 +354,7 @@ func (c *Core) settleExhausted(ctx context.Context, req ClaimRequest, out []Clai
 // keeps its sequence number). It returns how many it requeued.
 func (c *Core) requeueOrdered(ctx context.Context, stream string, ids []int64) (int, error) {
 	n := 0
-	err := inTxRetry(ctx, c.db, &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
+	err := c.inTxRetry(ctx, "requeue ordered events", &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
 		n = 0
 		q := c.stmts.orderedDead
 		var text string

@@ -18,6 +18,7 @@ type statements struct {
 	existing       query
 	claim          query // PostgreSQL and SQLite: one statement
 	anyDue         query // SQLite: a read that spares idle claims the write lock
+	claimDue       query // MySQL: find due rows ({ids} of claimSelect)
 	claimSelect    query // MySQL: lock due rows
 	claimDead      query // MySQL: dead-letter exhausted rows of the batch ({ids})
 	claimUpdate    string
@@ -31,6 +32,7 @@ type statements struct {
 	requeue        query
 	listDead       query
 	purge          query
+	purgeSelect    query // MySQL: the ids to purge, oldest delivery first
 	stats          query
 	register       query
 	unregister     query
@@ -69,6 +71,21 @@ type statements struct {
 }
 
 const insertColsFor = "INSERT INTO millpond_outbox (stream, consumer_group, event_key, event_kind, payload, metadata, content_hash, status, available_at, created_at)\n"
+
+// liveClaims (PostgreSQL) locks, in id order, the rows that the receipts
+// @ids/@keys (parallel arrays) still own under a live lease: the CTE live.
+// An UPDATE ... FROM unnest(...) would lock them in the order of its join
+// plan, which differs between statements over the same rows, and two such
+// statements (the acknowledger and the lease extender of one Subscriber)
+// would deadlock. A row that a concurrent statement settles while this one
+// waits for its lock is checked again after the wait and left out.
+const liveClaims = `WITH live AS MATERIALIZED (
+  SELECT o.id FROM millpond_outbox o
+  JOIN unnest(@ids::BIGINT[], @keys::TEXT[]) AS r(id, claim_key) ON o.id = r.id AND o.claim_key = r.claim_key
+  WHERE o.status = 'processing' AND o.available_at > @now
+  ORDER BY o.id
+  FOR UPDATE OF o
+)`
 
 const claimColumns = "id, stream, consumer_group, event_key, event_kind, payload, metadata, attempts, claim_key, available_at, created_at, ordering_key, ordering_seq"
 
@@ -198,16 +215,15 @@ n AS (SELECT pg_notify('`+NotifyChannel+`', @stream::TEXT))`, ", n"))
   RETURNING o.id, o.stream, o.consumer_group, o.event_key, o.event_kind, o.payload, o.metadata, o.attempts, o.claim_key, o.available_at, o.created_at, o.ordering_key, o.ordering_seq, o.status
 )
 SELECT ` + claimColumns + ` FROM claimed WHERE status = 'processing' ORDER BY id`)
-		// Rows without an ordering key settle alone, in one statement; rows
-		// with one go through ackOrdered in a transaction that also
-		// promotes the next event of their key.
-		s.ack = c(`UPDATE millpond_outbox o SET status = 'delivered', settled = true, delivered_at = @now
-FROM unnest(@ids::BIGINT[], @keys::TEXT[]) AS r(id, claim_key)
-WHERE o.id = r.id AND o.claim_key = r.claim_key AND o.status = 'processing' AND o.available_at > @now AND o.ordering_key = ''
+		// Statements that lock several rows lock them first, in id order, in
+		// a subselect (see liveClaims); the UPDATE then finds them locked.
+		s.ack = c(liveClaims + `
+UPDATE millpond_outbox o SET status = 'delivered', settled = true, delivered_at = @now
+FROM live WHERE o.id = live.id AND o.ordering_key = ''
 RETURNING o.id`)
-		s.ackOrdered = c(`UPDATE millpond_outbox o SET status = 'delivered', settled = true, delivered_at = @now
-FROM unnest(@ids::BIGINT[], @keys::TEXT[]) AS r(id, claim_key)
-WHERE o.id = r.id AND o.claim_key = r.claim_key AND o.status = 'processing' AND o.available_at > @now AND o.ordering_key <> ''
+		s.ackOrdered = c(liveClaims + `
+UPDATE millpond_outbox o SET status = 'delivered', settled = true, delivered_at = @now
+FROM live WHERE o.id = live.id AND o.ordering_key <> ''
 RETURNING o.id, o.stream, o.consumer_group, o.ordering_key`)
 		s.failSkip = c(`UPDATE millpond_outbox SET
   status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'pending' END,
@@ -265,23 +281,34 @@ n AS (SELECT pg_notify('`+NotifyChannel+`', @stream::TEXT))`, ", n"))
   available_at = @now + @delay::BIGINT, last_error = @reason
 WHERE id = @id AND claim_key = @key AND status = 'processing' AND available_at > @now
 RETURNING status`)
-		s.extend = c(`UPDATE millpond_outbox o SET available_at = @now + @lease::BIGINT
-FROM unnest(@ids::BIGINT[], @keys::TEXT[]) AS r(id, claim_key)
-WHERE o.id = r.id AND o.claim_key = r.claim_key AND o.status = 'processing' AND o.available_at > @now
+		s.extend = c(liveClaims + `
+UPDATE millpond_outbox o SET available_at = @now + @lease::BIGINT
+FROM live WHERE o.id = live.id
 RETURNING o.id, o.available_at`)
-		s.release = c(`UPDATE millpond_outbox o SET status = 'pending', attempts = GREATEST(o.attempts - 1, 0), available_at = @now
-FROM unnest(@ids::BIGINT[], @keys::TEXT[]) AS r(id, claim_key)
-WHERE o.id = r.id AND o.claim_key = r.claim_key AND o.status = 'processing' AND o.available_at > @now`)
-		s.requeue = c(`UPDATE millpond_outbox SET status = 'pending', settled = false, attempts = 0, available_at = @now, last_error = ''
-WHERE status = 'dead_letter' AND stream = @stream AND id = ANY(@ids::BIGINT[]) AND ordering_key = ''`)
+		s.release = c(liveClaims + `
+UPDATE millpond_outbox o SET status = 'pending', attempts = GREATEST(o.attempts - 1, 0), available_at = @now
+FROM live WHERE o.id = live.id`)
+		s.requeue = c(`WITH dead AS (
+  SELECT id FROM millpond_outbox
+  WHERE status = 'dead_letter' AND stream = @stream AND id = ANY(@ids::BIGINT[]) AND ordering_key = ''
+  ORDER BY id
+  FOR UPDATE
+)
+UPDATE millpond_outbox o SET status = 'pending', settled = false, attempts = 0, available_at = @now, last_error = ''
+FROM dead WHERE o.id = dead.id`)
 		// The dead-letter index filters on settled (see the schema).
 		s.listDead = c(`SELECT id, stream, consumer_group, event_key, event_kind, attempts, last_error, created_at
 FROM millpond_outbox
 WHERE settled AND delivered_at IS NULL AND status = 'dead_letter' AND stream = @stream AND (@all_groups OR consumer_group = @group) AND id > @after
 ORDER BY id LIMIT @limit`)
-		s.purge = c(`DELETE FROM millpond_outbox WHERE id IN (
-  SELECT id FROM millpond_outbox WHERE status = 'delivered' AND delivered_at < @now - @horizon::BIGINT
-  ORDER BY delivered_at LIMIT @limit)`)
+		s.purge = c(`WITH doomed AS (
+  SELECT id FROM millpond_outbox WHERE id IN (
+    SELECT id FROM millpond_outbox WHERE status = 'delivered' AND delivered_at < @now - @horizon::BIGINT
+    ORDER BY delivered_at LIMIT @limit)
+  ORDER BY id
+  FOR UPDATE
+)
+DELETE FROM millpond_outbox o USING doomed WHERE o.id = doomed.id`)
 		s.register = c("INSERT INTO millpond_subscriptions (stream, consumer_group, event_kind, created_at) VALUES (@stream, @group, @kind, @now) ON CONFLICT DO NOTHING")
 		s.migrationsDDL = "CREATE TABLE IF NOT EXISTS millpond_schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR(128) NOT NULL, applied_at BIGINT NOT NULL)"
 		s.recordSQL = "INSERT INTO millpond_schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)"
@@ -294,21 +321,34 @@ ON DUPLICATE KEY UPDATE millpond_outbox.id = millpond_outbox.id`)
 		// it reads, so concurrent enqueues would deadlock on a known-event
 		// probe inside it; MySQL runs the probe first as a plain (lock-free)
 		// read instead (Core.Enqueue).
-		s.claimSelect = c(`SELECT ` + claimColumns + `, status FROM millpond_outbox
+		// A claim finds due rows with a plain read of the due index, then
+		// locks them through the primary key, in id order, skipping rows
+		// another transaction holds. Locking while scanning the due index
+		// would hold an index entry of a row that an acknowledgement has
+		// locked (MariaDB waits there despite SKIP LOCKED) while the
+		// acknowledgement waits to update that entry: a deadlock.
+		s.claimDue = c(`SELECT id FROM millpond_outbox
 WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'processing') AND available_at <= @now
-ORDER BY id LIMIT @limit
+ORDER BY id LIMIT @limit`)
+		s.claimSelect = c(`SELECT ` + claimColumns + `, status FROM millpond_outbox FORCE INDEX (PRIMARY)
+WHERE status IN ('pending', 'processing') AND available_at <= @now AND id IN ({ids})
+ORDER BY id
 FOR UPDATE SKIP LOCKED`)
 		// MySQL evaluates SET assignments left to right, each seeing the
 		// columns already assigned: last_error must read the old status.
 		s.claimDead = c(`UPDATE millpond_outbox SET
   last_error = CASE WHEN status = 'processing' THEN '` + lastErrorLeaseExpired + `' ELSE last_error END,
   status = 'dead_letter', claimed_by = @worker, claim_key = ''
-WHERE id IN ({ids})`)
-		s.claimUpdate = "UPDATE millpond_outbox SET status = 'processing', attempts = attempts + 1, claimed_by = ?, available_at = ?, claim_key = CASE id {cases} END WHERE id IN ({ids})"
+WHERE id IN ({ids})
+ORDER BY id`)
+		s.claimUpdate = "UPDATE millpond_outbox SET status = 'processing', attempts = attempts + 1, claimed_by = ?, available_at = ?, claim_key = CASE id {cases} END WHERE id IN ({ids}) ORDER BY id"
+		// Several rows are locked in id order (see inIDOrder): the lists come
+		// sorted, InnoDB reads an id list in key order, and ORDER BY id says so.
 		s.ack = c(`SELECT id, stream, consumer_group, ordering_key FROM millpond_outbox
 WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})
+ORDER BY id
 FOR UPDATE`)
-		s.ackMark = c(`UPDATE millpond_outbox SET status = 'delivered', delivered_at = @now WHERE id IN ({ids})`)
+		s.ackMark = c(`UPDATE millpond_outbox SET status = 'delivered', delivered_at = @now WHERE id IN ({ids}) ORDER BY id`)
 		s.fail = c(`UPDATE millpond_outbox SET
   status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'pending' END,
   available_at = @now + @delay, last_error = @reason
@@ -341,13 +381,20 @@ ON DUPLICATE KEY UPDATE millpond_outbox.id = millpond_outbox.id`)
 		s.requeueRejoined = c(`UPDATE millpond_outbox SET status = CASE WHEN @head THEN 'pending' ELSE 'blocked' END,
   attempts = 0, available_at = @now, last_error = '', key_released = 0 WHERE id = @id`)
 		s.extend = c(`UPDATE millpond_outbox SET available_at = @now + @lease
-WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})`)
+WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})
+ORDER BY id`)
 		s.extendCheck = c(`SELECT id, available_at FROM millpond_outbox WHERE status = 'processing' AND available_at = @expires AND (id, claim_key) IN ({pairs})`)
 		s.release = c(`UPDATE millpond_outbox SET status = 'pending', attempts = GREATEST(attempts - 1, 0), available_at = @now
-WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})`)
+WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})
+ORDER BY id`)
 		s.requeue = c(`UPDATE millpond_outbox SET status = 'pending', attempts = 0, available_at = @now, last_error = ''
-WHERE status = 'dead_letter' AND stream = @stream AND ordering_key = '' AND id IN ({ids})`)
-		s.purge = c(`DELETE FROM millpond_outbox WHERE status = 'delivered' AND delivered_at < @now - @horizon ORDER BY delivered_at LIMIT @limit`)
+WHERE status = 'dead_letter' AND stream = @stream AND ordering_key = '' AND id IN ({ids})
+ORDER BY id`)
+		// Purge picks the oldest deliveries with a plain read, then deletes
+		// them by id, in id order: a DELETE ... ORDER BY delivered_at would
+		// lock rows in delivery order.
+		s.purgeSelect = c(`SELECT id FROM millpond_outbox WHERE status = 'delivered' AND delivered_at < @now - @horizon ORDER BY delivered_at LIMIT @limit`)
+		s.purge = c(`DELETE FROM millpond_outbox WHERE status = 'delivered' AND id IN ({ids}) ORDER BY id`)
 		s.register = c("INSERT INTO millpond_subscriptions (stream, consumer_group, event_kind, created_at) VALUES (@stream, @group, @kind, @now) ON DUPLICATE KEY UPDATE stream = stream")
 		s.migrationsDDL = "CREATE TABLE IF NOT EXISTS millpond_schema_migrations (version INT PRIMARY KEY, name VARCHAR(128) NOT NULL, applied_at BIGINT NOT NULL) ENGINE=InnoDB"
 		s.recordSQL = "INSERT INTO millpond_schema_migrations (version, name, applied_at) VALUES (?, ?, ?)"

@@ -200,7 +200,7 @@ func (d *Database) Begin(t testing.TB) (tx outbox.Tx, commit func() error, rollb
 // themselves: it returns the pgx.Tx or *sql.Tx.
 func (d *Database) BeginRaw(t testing.TB) (tx any, commit func() error, rollback func()) {
 	t.Helper()
-	tx, commit, rollback, err := d.tryBeginRaw()
+	tx, commit, rollback, err := d.TryBeginRaw()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,14 +210,15 @@ func (d *Database) BeginRaw(t testing.TB) (tx any, commit func() error, rollback
 // TryBegin is Begin for goroutines other than the test's: it returns the
 // error instead of failing the test.
 func (d *Database) TryBegin() (tx outbox.Tx, commit func() error, rollback func(), err error) {
-	raw, commit, rollback, err := d.tryBeginRaw()
+	raw, commit, rollback, err := d.TryBeginRaw()
 	if err != nil {
 		return outbox.Tx{}, nil, nil, err
 	}
 	return Wrap(raw), commit, rollback, nil
 }
 
-func (d *Database) tryBeginRaw() (tx any, commit func() error, rollback func(), err error) {
+// TryBeginRaw is BeginRaw for goroutines other than the test's.
+func (d *Database) TryBeginRaw() (tx any, commit func() error, rollback func(), err error) {
 	ctx := context.Background()
 	if d.Pool != nil {
 		ptx, err := d.Pool.Begin(ctx)
