@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millpond/millpond/outbox"
 )
 
 // Handler is one subscription of the bus.
@@ -87,6 +89,24 @@ type Meta struct {
 	// OrderingSeq is the event's position in its key's sequence (1 for the
 	// first), 0 when it is unordered.
 	OrderingSeq int64
+
+	msg *message.Message // the delivery, for AcknowledgeInTx
+}
+
+// AcknowledgeInTx acknowledges this delivery inside the handler's own open
+// transaction tx (outbox.SQLTx or outbox.PgxTx on the outbox's database),
+// so that the handler's writes and the acknowledgement commit together or
+// not at all: exactly-once effects. Call it last, just before committing
+// tx, then commit and return nil; the bus then writes no acknowledgement of
+// its own and reports no lost lease. If tx rolls back, return the error:
+// the event is retried. It returns outbox.ErrStaleClaim when the delivery's
+// lease was lost, and outbox.ErrNoReceipt for a Meta that did not come from
+// an outbox delivery.
+func (m Meta) AcknowledgeInTx(ctx context.Context, tx outbox.Tx) error {
+	if m.msg == nil {
+		return fmt.Errorf("handlers: acknowledge in a transaction: %w", outbox.ErrNoReceipt)
+	}
+	return outbox.AcknowledgeMessageInTx(ctx, tx, m.msg)
 }
 
 // Metadata keys the outbox Subscriber sets on each message; they match the
@@ -105,7 +125,7 @@ func MetaOf(msg *message.Message) Meta {
 	id, _ := strconv.ParseInt(msg.Metadata.Get(metadataEventID), 10, 64)
 	seq, _ := strconv.ParseInt(msg.Metadata.Get(metadataOrderSeq), 10, 64)
 	return Meta{Key: msg.UUID, Kind: msg.Metadata.Get(metadataKind), Attempt: attempt, EventID: id, Metadata: msg.Metadata,
-		OrderingKey: msg.Metadata.Get(metadataOrderKey), OrderingSeq: seq}
+		OrderingKey: msg.Metadata.Get(metadataOrderKey), OrderingSeq: seq, msg: msg}
 }
 
 // PermanentError marks a failure that retrying cannot fix; the bus

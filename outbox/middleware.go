@@ -23,12 +23,32 @@ func RecordHandlerError(h message.HandlerFunc) message.HandlerFunc {
 
 type receiptKey struct{}
 
+// delivery is what a Subscriber puts in the context of a message it hands
+// out: the claim's receipt and the Store it came from.
+type delivery struct {
+	receipt Receipt
+	store   *Store
+}
+
 // ReceiptFromContext returns the receipt of the delivery a Subscriber put
 // in a message's context. It is kept out of the metadata so that the claim
 // key never reaches logs or republished messages.
 func ReceiptFromContext(ctx context.Context) (Receipt, bool) {
-	r, ok := ctx.Value(receiptKey{}).(Receipt)
-	return r, ok
+	d, ok := ctx.Value(receiptKey{}).(delivery)
+	return d.receipt, ok
+}
+
+// AcknowledgeMessageInTx is Store.AcknowledgeMessageInTx for code that has
+// the message but not the Store (a typed handler: see handlers.Meta): it
+// acknowledges msg inside tx through the Store whose Subscriber delivered
+// it. A message no outbox Subscriber delivered is refused with
+// ErrNoReceipt.
+func AcknowledgeMessageInTx(ctx context.Context, tx Tx, msg *message.Message) error {
+	d, ok := msg.Context().Value(receiptKey{}).(delivery)
+	if !ok || d.store == nil {
+		return fmt.Errorf("outbox: acknowledge message %s in a transaction: %w", msg.UUID, ErrNoReceipt)
+	}
+	return d.store.AcknowledgeMessageInTx(ctx, tx, msg)
 }
 
 // metadataAckedInTx marks a message acknowledged by AcknowledgeMessageInTx.

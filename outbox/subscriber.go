@@ -500,7 +500,7 @@ func (sub *subscription) deliver(c Claimed) bool {
 	// It is cancelled once the message is settled or the close timeout ends.
 	ctx, cancel := context.WithCancel(context.WithoutCancel(sub.ctx))
 	defer cancel()
-	msg.SetContext(context.WithValue(ctx, receiptKey{}, c.Receipt()))
+	msg.SetContext(context.WithValue(ctx, receiptKey{}, delivery{receipt: c.Receipt(), store: sub.store}))
 	handedOut.Store(c.Receipt(), sub)
 	defer handedOut.Delete(c.Receipt())
 
