@@ -68,6 +68,7 @@ var conformanceCases = []conformanceCase{
 	{name: "DelaysHoldEventsBack", run: testDelays},
 	{name: "DatabaseClockLeases", dbClock: true, run: testDatabaseClock},
 	{name: "MultiRowStatementsLockInIDOrder", run: testLockOrder},
+	{name: "ClaimsReadOnlyWhatTheyTake", dbClock: true, run: testClaimsReadOnlyWhatTheyTake},
 }
 
 // fakeClock is a controllable clock for outbox.WithClock.

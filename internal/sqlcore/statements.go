@@ -327,8 +327,18 @@ ON DUPLICATE KEY UPDATE millpond_outbox.id = millpond_outbox.id`)
 		// would hold an index entry of a row that an acknowledgement has
 		// locked (MariaDB waits there despite SKIP LOCKED) while the
 		// acknowledgement waits to update that entry: a deadlock.
-		s.claimDue = c(`SELECT id FROM millpond_outbox
-WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'processing') AND available_at <= @now
+		//
+		// Each state is its own ordered range of the due index (stream,
+		// consumer_group, status, id), read in id order until @limit rows
+		// are due; one IN ('pending', 'processing') range would make
+		// InnoDB read every unsettled row of the group and sort them.
+		s.claimDue = c(`(SELECT id FROM millpond_outbox
+  WHERE stream = @stream AND consumer_group = @group AND status = 'pending' AND available_at <= @now
+  ORDER BY id LIMIT @limit)
+UNION ALL
+(SELECT id FROM millpond_outbox
+  WHERE stream = @stream AND consumer_group = @group AND status = 'processing' AND available_at <= @now
+  ORDER BY id LIMIT @limit)
 ORDER BY id LIMIT @limit`)
 		s.claimSelect = c(`SELECT ` + claimColumns + `, status FROM millpond_outbox FORCE INDEX (PRIMARY)
 WHERE status IN ('pending', 'processing') AND available_at <= @now AND id IN ({ids})
