@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/millpond/millpond/admin"
 	"github.com/millpond/millpond/outbox"
@@ -97,5 +99,68 @@ func TestOverviewShowsBlockedAndHeldKeys(t *testing.T) {
 		if !strings.Contains(row, want) {
 			t.Errorf("the ledger row lacks %s:\n%s", want, row)
 		}
+	}
+}
+
+// TestActOnEverythingMatching: requeue of everything matching a filter
+// touches exactly the dead letters that match it, and only those that
+// existed when the operator confirmed (up to max_id); reroute of a
+// default-group dead letter hands it to the group that takes its kind now.
+func TestActOnEverythingMatching(t *testing.T) {
+	f := newFixture(t, "sqlite")
+	srv := f.serve(admin.Options{})
+	c := newClient(t)
+	tok := token(t, c, srv.URL+"/dead")
+
+	// Another dead letter of shipping whose error does not match the filter.
+	f.enqueue(outbox.Event{Stream: "orders", Key: "order-4", Kind: "OrderPlaced", Payload: []byte(`{}`)})
+	var other int64
+	for _, cl := range f.claim("orders", "shipping", 2) {
+		if cl.Key == "order-4" {
+			f.fail(cl, "card declined", 1)
+			other = cl.ID
+		} else {
+			f.fail(cl, "timeout again", 5)
+		}
+	}
+	form := url.Values{"csrf_token": {tok}, "do": {"requeue:matching"}, "stream": {"orders"}, "q": {"warehouse"}}
+	status, body := post(t, c, srv.URL+"/dead/confirm", form, nil)
+	if status != http.StatusOK || !strings.Contains(body, "Requeue 1 dead letter") {
+		t.Fatalf("confirm requeue of everything matching: %d\n%s", status, body)
+	}
+	m := regexp.MustCompile(`name="max_id" value="(\d+)"`).FindStringSubmatch(body)
+	if m == nil {
+		t.Fatalf("the confirmation carries no max_id:\n%s", body)
+	}
+	form.Set("max_id", m[1])
+	// A matching dead letter that arrives after the confirmation is not
+	// swept up unseen.
+	f.enqueue(outbox.Event{Stream: "orders", Key: "order-5", Kind: "OrderPlaced", Payload: []byte(`{}`)})
+	var late int64
+	for _, cl := range f.claim("orders", "shipping", 1) {
+		f.fail(cl, "connection refused by warehouse again", 1)
+		late = cl.ID
+	}
+	if status, body := post(t, c, srv.URL+"/dead/apply", form, nil); status != http.StatusOK || !strings.Contains(body, "Requeued 1 of 1") {
+		t.Fatalf("apply: %d\n%s", status, body)
+	}
+	for id, want := range map[int64]string{f.deadShipping: outbox.StatusPending, other: outbox.StatusDead, late: outbox.StatusDead} {
+		if got := f.status(id); got != want {
+			t.Errorf("event %d: %s, want %s", id, got, want)
+		}
+	}
+
+	// Reroute: the default group's dead letter of kind Audited goes to the
+	// group registered for it now.
+	if err := f.store.RegisterGroup(t.Context(), "audit", "auditors", "Audited"); err != nil {
+		t.Fatal(err)
+	}
+	sel := url.Values{"csrf_token": {tok}, "do": {"reroute:selected"}, "sel": {fmt.Sprintf("audit|%d", f.deadDefault)}}
+	if status, body := post(t, c, srv.URL+"/dead/apply", sel, nil); status != http.StatusOK {
+		t.Fatalf("reroute: %d\n%s", status, body)
+	}
+	got, err := f.store.Claim(t.Context(), outbox.ClaimRequest{Stream: "audit", Group: "auditors", Worker: "w", Limit: 10, Lease: time.Minute, MaxAttempts: 3})
+	if err != nil || len(got) != 1 || got[0].Key != "audit-1" {
+		t.Fatalf("the rerouted event for auditors: %v, %v", got, err)
 	}
 }
