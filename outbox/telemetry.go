@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"strconv"
 	"sync"
 	"time"
 
@@ -259,7 +260,7 @@ func endSend(span trace.Span, res Enqueued, err error) {
 	if err != nil {
 		span.SetStatus(codes.Error, "enqueue failed")
 	} else if res.ID != 0 {
-		span.SetAttributes(semconv.MessagingMessageID(fmt.Sprint(res.ID)))
+		span.SetAttributes(semconv.MessagingMessageID(strconv.FormatInt(res.ID, 10)))
 	}
 	span.End()
 }
@@ -368,7 +369,7 @@ func (st *subTelemetry) startProcess(ctx context.Context, c Claimed) (context.Co
 		}
 	}
 	attrs := append(make([]attribute.KeyValue, 0, len(k.span)+2), k.span...)
-	attrs = append(attrs, semconv.MessagingMessageID(fmt.Sprint(c.ID)), attribute.Int("millpond.attempt", c.Attempts))
+	attrs = append(attrs, semconv.MessagingMessageID(strconv.FormatInt(c.ID, 10)), attribute.Int("millpond.attempt", c.Attempts))
 	opts = append(opts, trace.WithAttributes(attrs...))
 	ctx, h.span = st.t.tracer.Start(ctx, "process "+st.stream, opts...)
 	return ctx, h

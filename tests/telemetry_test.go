@@ -353,11 +353,20 @@ func testTelemetry(t *testing.T, dialect string) {
 		{"tel-ok", "pending", "pending"},
 		{"tel-bad", "dead", "dead_letter"},
 		{"tel-ok", "processing", "processing"},
+		{"tel-bad", "pending", "pending"},
+		{"tel-idle", "dead", "dead_letter"},
 	} {
 		rows := db.Count(t, "SELECT COUNT(*) FROM millpond_outbox WHERE stream = '"+stream+"' AND consumer_group = '"+c.group+"' AND status = '"+c.status+"'")
 		got, found := metricValue(rm, "millpond.backlog", g(c.group), outbox.AttrState.String(c.state))
 		if !found || int64(got) != rows {
 			t.Errorf("backlog{group=%s,state=%s} = %v (found %v), database %d", c.group, c.state, got, found, rows)
+		}
+	}
+	// The states do not overlap: they add up to the undelivered rows.
+	for _, group := range []string{"tel-ok", "tel-bad", "tel-idle"} {
+		rows := db.Count(t, "SELECT COUNT(*) FROM millpond_outbox WHERE stream = '"+stream+"' AND consumer_group = '"+group+"' AND status <> 'delivered'")
+		if got, _ := metricValue(rm, "millpond.backlog", g(group)); int64(got) != rows {
+			t.Errorf("backlog of %s over every state = %v, database %d undelivered", group, got, rows)
 		}
 	}
 	if rows := db.Count(t, "SELECT COUNT(*) FROM millpond_outbox WHERE consumer_group = 'tel-idle' AND status = 'pending'"); rows != okN+badN {
@@ -572,7 +581,7 @@ func TestTelemetryTraceAcrossProcesses(t *testing.T) {
 	}
 	_ = sub.Close()
 	spans := rig.spans.Ended()
-	if len(spans) != 1 || spans[0].SpanContext().TraceID().String() != traceID || spans[0].Links()[0].SpanContext.TraceID().String() != traceID {
+	if len(spans) != 1 || spans[0].SpanContext().TraceID().String() != traceID || len(spans[0].Links()) != 1 || spans[0].Links()[0].SpanContext.TraceID().String() != traceID {
 		t.Fatalf("consumer spans %v; want one in trace %s", spans, traceID)
 	}
 }
