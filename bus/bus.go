@@ -96,6 +96,7 @@ type Bus struct {
 	router   *message.Router
 	handlers []handlers.Handler
 	streams  []string
+	routed   []*message.Handler // the router's handlers, for Health
 
 	mu      sync.Mutex
 	started bool
@@ -206,7 +207,7 @@ func (b *Bus) addHandler(h handlers.Handler) error {
 	}
 	b.handlers = append(b.handlers, h)
 	kind := h.Kind()
-	b.router.AddConsumerHandler(h.Name(), h.Stream(), sub, func(msg *message.Message) error {
+	b.routed = append(b.routed, b.router.AddConsumerHandler(h.Name(), h.Stream(), sub, func(msg *message.Message) error {
 		if got := msg.Metadata.Get(outbox.MetadataKind); got != kind {
 			// Written while the group still took this kind (Start narrows the
 			// subscription): dead-letter it with the reason rather than
@@ -214,7 +215,7 @@ func (b *Bus) addHandler(h handlers.Handler) error {
 			return handlers.Permanent(fmt.Errorf("handler %q takes kind %q, not %q", h.Name(), kind, got))
 		}
 		return h.Handle(msg)
-	})
+	}))
 	return nil
 }
 
@@ -230,14 +231,14 @@ func (b *Bus) addUnrouted(stream string) error {
 		return fmt.Errorf("bus: unrouted events of a stream: %w", err)
 	}
 	policy, logger := b.cfg.Unrouted, b.cfg.Logger
-	b.router.AddConsumerHandler("millpond.unrouted."+stream, stream, sub, func(msg *message.Message) error {
+	b.routed = append(b.routed, b.router.AddConsumerHandler("millpond.unrouted."+stream, stream, sub, func(msg *message.Message) error {
 		kind := msg.Metadata.Get(outbox.MetadataKind)
 		if policy == UnroutedAcknowledge {
 			logger.Info("Acknowledged an event no handler subscribes to", watermill.LogFields{"event_kind": kind})
 			return nil
 		}
 		return handlers.Permanent(fmt.Errorf("no handler for event kind %q", kind))
-	})
+	}))
 	return nil
 }
 

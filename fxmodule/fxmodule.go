@@ -30,6 +30,9 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxevent"
 	"go.uber.org/zap"
@@ -58,13 +61,23 @@ type Config struct {
 	OpenTimeout time.Duration
 	// Bus configures the bus; its Logger defaults to the app's zap logger.
 	Bus bus.Config
+	// StatsInterval is the store's stats interval (outbox.WithStatsInterval:
+	// how long one Stats snapshot feeds the backlog gauges and readiness;
+	// default 15 s, negative turns the gauges off).
+	StatsInterval time.Duration
+	// Health configures the readiness handler the module provides.
+	Health bus.HealthOptions
 }
 
 // Module provides *outbox.Store, *outbox.Publisher (a context publisher:
-// put the transaction on each message with outbox.ContextWithTx) and
-// *bus.Bus. It needs a Config and a *zap.Logger from the application.
+// put the transaction on each message with outbox.ContextWithTx), *bus.Bus
+// and *bus.ReadinessHandler (serve it at /readyz). It needs a Config and a
+// *zap.Logger from the application. When the application's graph holds a
+// metric.MeterProvider, a trace.TracerProvider or a
+// propagation.TextMapPropagator (all optional), the store uses them for
+// its metrics and traces; otherwise the global ones.
 var Module = fx.Module("millpond",
-	fx.Provide(newStore, newPublisher, newBus),
+	fx.Provide(newStore, newPublisher, newBus, newReadiness),
 	// Build the bus even when nothing asks for it, so it starts.
 	fx.Invoke(func(*bus.Bus) {}),
 )
@@ -96,9 +109,12 @@ func WatermillLogger(l *zap.Logger) watermill.LoggerAdapter {
 
 type storeParams struct {
 	fx.In
-	Lifecycle fx.Lifecycle
-	Config    Config
-	Logger    *zap.Logger
+	Lifecycle      fx.Lifecycle
+	Config         Config
+	Logger         *zap.Logger
+	MeterProvider  metric.MeterProvider          `optional:"true"`
+	TracerProvider trace.TracerProvider          `optional:"true"`
+	Propagator     propagation.TextMapPropagator `optional:"true"`
 }
 
 // ErrNoDatabaseURL is returned when Config.DatabaseURL is empty.
@@ -120,7 +136,17 @@ func newStore(p storeParams) (*outbox.Store, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	log := p.Logger.Named("millpond")
-	store, err := anydb.Open(ctx, url, outbox.WithLogger(SlogLogger(log)))
+	opts := []outbox.Option{outbox.WithLogger(SlogLogger(log)), outbox.WithStatsInterval(p.Config.StatsInterval)}
+	if p.MeterProvider != nil {
+		opts = append(opts, outbox.WithMeterProvider(p.MeterProvider))
+	}
+	if p.TracerProvider != nil {
+		opts = append(opts, outbox.WithTracerProvider(p.TracerProvider))
+	}
+	if p.Propagator != nil {
+		opts = append(opts, outbox.WithPropagator(p.Propagator))
+	}
+	store, err := anydb.Open(ctx, url, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("fxmodule: %w", err)
 	}
@@ -165,4 +191,8 @@ func newBus(p busParams) (*bus.Bus, error) {
 	}
 	p.Lifecycle.Append(fx.StartStopHook(b.Start, b.Stop))
 	return b, nil
+}
+
+func newReadiness(b *bus.Bus, c Config) *bus.ReadinessHandler {
+	return b.ReadinessHandler(c.Health)
 }

@@ -7,11 +7,15 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/millpond/millpond/internal/sqlcore"
 )
@@ -34,6 +38,10 @@ type Store struct {
 	stop     context.CancelFunc
 	listener sync.WaitGroup // the PostgreSQL listener goroutine
 	sqlDB    *sql.DB        // PostgreSQL: database/sql over the pool, made on first use
+
+	tel        *telemetry  // metrics and traces
+	statsCache statsCache  // the snapshot behind the gauges and CachedStats
+	listenerUp atomic.Bool // the PostgreSQL listener is connected
 }
 
 // Option configures a Store.
@@ -44,6 +52,11 @@ type storeOptions struct {
 	logger      *slog.Logger
 	listen      bool
 	notifyEvery time.Duration
+
+	meterProvider  metric.MeterProvider
+	tracerProvider trace.TracerProvider
+	propagator     propagation.TextMapPropagator
+	statsInterval  time.Duration
 }
 
 // WithClock replaces the database clock for tests that need fixed time.
@@ -76,9 +89,12 @@ func WithNotifyEvery(d time.Duration) Option {
 }
 
 func buildOptions(opts []Option) storeOptions {
-	o := storeOptions{listen: true, logger: slog.New(slog.DiscardHandler), notifyEvery: 10 * time.Millisecond}
+	o := storeOptions{listen: true, logger: slog.New(slog.DiscardHandler), notifyEvery: 10 * time.Millisecond, statsInterval: DefaultStatsInterval}
 	for _, opt := range opts {
 		opt(&o)
+	}
+	if o.statsInterval == 0 {
+		o.statsInterval = DefaultStatsInterval
 	}
 	return o
 }
@@ -97,7 +113,18 @@ func newStore(d sqlcore.Dialect, db sqlcore.DB, o storeOptions) (*Store, error) 
 	if err != nil {
 		return nil, fmt.Errorf("outbox: %w", err)
 	}
-	return &Store{core: core, db: db, logger: o.logger, wake: newWakeHub(), gate: newNotifyGate(o.notifyEvery)}, nil
+	tel, err := newTelemetry(o)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{core: core, db: db, logger: o.logger, wake: newWakeHub(), gate: newNotifyGate(o.notifyEvery), tel: tel}
+	s.statsCache.interval = o.statsInterval
+	if o.statsInterval > 0 {
+		if err := tel.registerGauges(o.meterProvider, s); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
 }
 
 // Backend is one database connection as a driver package hands it to
@@ -157,7 +184,13 @@ func NewStore(b Backend, opts ...Option) (*Store, error) {
 		s.listener.Add(1)
 		go func() {
 			defer s.listener.Done()
-			sqlcore.ListenPostgres(ctx, b.Pool.Config().ConnConfig, s.wake.notify, func(err error) {
+			sqlcore.ListenPostgres(ctx, b.Pool.Config().ConnConfig, func(stream string) {
+				if stream == "" { // sent after every (re)connection
+					s.listenerUp.Store(true)
+				}
+				s.wake.notify(stream)
+			}, func(err error) {
+				s.listenerUp.Store(false)
 				s.logger.Warn("outbox: notification listener reconnecting", "error", err)
 			})
 		}()
@@ -194,6 +227,7 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.closed = true
+	s.tel.close()
 	if s.stop != nil {
 		s.stop()
 		s.listener.Wait()
@@ -264,9 +298,15 @@ func (s *Store) Enqueue(ctx context.Context, tx Tx, ev Event) (Enqueued, error) 
 // The NOTIFY rides in the enqueue statement itself, so it costs no round
 // trip; a duplicate enqueue may spend it on a wake-up that finds nothing.
 func (s *Store) enqueue(ctx context.Context, ex sqlcore.Executor, ev Event) (Enqueued, error) {
+	ctx, span, md := s.tel.startSend(ctx, ev)
+	ev.Metadata = md
 	notify := s.gate.due(ev.Stream)
 	out, err := s.core.Enqueue(ctx, ex, sqlcore.Event(ev), notify)
 	res := Enqueued(out)
+	endSend(span, res, err)
+	if err == nil && res.Inserted {
+		s.tel.countEnqueued(ctx, ev.Stream, ev.Kind)
+	}
 	if err != nil && notify {
 		s.gate.forget(ev.Stream) // no NOTIFY was queued: the next enqueue sends it
 	}

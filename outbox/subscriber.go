@@ -250,6 +250,9 @@ type subscription struct {
 	mu      sync.Mutex
 	held    map[int64]Receipt    // every claimed, unsettled event (for lease extension)
 	settled map[int64]settlement // held events acknowledged, not yet forgotten
+	kinds   map[int64]string     // the kind of each held event, for metrics
+
+	tel *subTelemetry
 }
 
 // settlement is how a held event was acknowledged.
@@ -301,6 +304,7 @@ func (sub *subscription) settledAs(r Receipt) settlement {
 }
 
 func newSubscription(ctx context.Context, s *Subscriber, topic string) *subscription {
+	s.store.noteGroup(topic, s.config.ConsumerGroup)
 	return &subscription{
 		s: s, cfg: &s.config, store: s.store, topic: topic, ctx: ctx,
 		stop:    make(chan struct{}),
@@ -311,6 +315,8 @@ func newSubscription(ctx context.Context, s *Subscriber, topic string) *subscrip
 		logger:  s.config.Logger.With(watermill.LogFields{"topic": topic, "consumer_group": s.config.ConsumerGroup}),
 		held:    map[int64]Receipt{},
 		settled: map[int64]settlement{},
+		kinds:   map[int64]string{},
+		tel:     s.store.tel.forSubscription(topic, s.config.ConsumerGroup),
 	}
 }
 
@@ -399,9 +405,11 @@ func (sub *subscription) claimLoop() {
 			continue
 		}
 		failed.Reset()
+		sub.tel.claimed(sub.ctx, claimed)
 		sub.mu.Lock()
 		for _, c := range claimed {
 			sub.held[c.ID] = c.Receipt()
+			sub.kinds[c.ID] = c.Kind
 		}
 		sub.mu.Unlock()
 		for _, c := range claimed {
@@ -500,6 +508,11 @@ func (sub *subscription) deliver(c Claimed) bool {
 	// It is cancelled once the message is settled or the close timeout ends.
 	ctx, cancel := context.WithCancel(context.WithoutCancel(sub.ctx))
 	defer cancel()
+	// The consumer span of this handling (see telemetry.go) is the
+	// message context's span; unsettled means released or timed out.
+	ctx, handling := sub.tel.startProcess(ctx, c)
+	unsettled := "released"
+	defer func() { handling.end(unsettled) }()
 	msg.SetContext(context.WithValue(ctx, receiptKey{}, delivery{receipt: c.Receipt(), store: sub.store}))
 	handedOut.Store(c.Receipt(), sub)
 	defer handedOut.Delete(c.Receipt())
@@ -514,20 +527,25 @@ func (sub *subscription) deliver(c Claimed) bool {
 	}
 	select {
 	case sub.out <- msg:
+		handling.handedOut(ctx, c.CreatedAt)
 	case <-sub.stop:
 		sub.release(c.Receipt())
 		return false
 	}
+	unsettled = "timeout"
 
 	var grace <-chan time.Time
 	stopping := sub.stop
 	for {
 		select {
 		case <-msg.Acked():
+			unsettled = ""
+			handling.settled(ctx, true)
 			if sub.settledAs(c.Receipt()) == ackedInTx || msg.Metadata.Get(metadataAckedInTx) != "" {
 				// The handler acknowledged in its own transaction, which
 				// it committed before acking; if it rolled back instead,
 				// the lease expires and the event is retried.
+				sub.tel.acknowledged(ctx, c.Kind, 1)
 				sub.forget(c.Receipt())
 				return true
 			}
@@ -537,6 +555,8 @@ func (sub *subscription) deliver(c Claimed) bool {
 			sub.acks <- c.Receipt()
 			return true
 		case <-msg.Nacked():
+			unsettled = ""
+			handling.settled(ctx, false)
 			sub.fail(c, msg)
 			return true
 		case <-stopping:
@@ -570,6 +590,7 @@ func (sub *subscription) forget(rs ...Receipt) {
 		if held, ok := sub.held[r.ID]; ok && held.ClaimKey == r.ClaimKey {
 			delete(sub.held, r.ID)
 			delete(sub.settled, r.ID)
+			delete(sub.kinds, r.ID)
 		}
 	}
 	sub.mu.Unlock()
@@ -594,6 +615,9 @@ func (sub *subscription) fail(c Claimed, msg *message.Message) {
 		out, err := sub.store.Fail(ctx, c.Receipt(), f)
 		if err == nil && out.DeadLettered {
 			sub.logger.Info("Event dead-lettered at the attempt limit", watermill.LogFields{"event_id": c.ID, "attempts": c.Attempts})
+		}
+		if err == nil {
+			sub.tel.failed(ctx, c.Kind, out.DeadLettered)
 		}
 		return err
 	})
@@ -720,6 +744,27 @@ func (sub *subscription) flushAcks(batch []Receipt) {
 	}
 	if len(stale) > 0 {
 		sub.logger.Info("Acked events had lost their leases and may be delivered again", watermill.LogFields{"events": len(stale)})
+	}
+	sub.countAcks(batch, stale)
+}
+
+// countAcks counts the written acks of a batch (not the stale ones) per
+// kind.
+func (sub *subscription) countAcks(batch, stale []Receipt) {
+	lost := make(map[int64]bool, len(stale))
+	for _, r := range stale {
+		lost[r.ID] = true
+	}
+	perKind := map[string]int{}
+	sub.mu.Lock()
+	for _, r := range batch {
+		if !lost[r.ID] {
+			perKind[sub.kinds[r.ID]]++
+		}
+	}
+	sub.mu.Unlock()
+	for kind, n := range perKind {
+		sub.tel.acknowledged(sub.ctx, kind, n)
 	}
 }
 

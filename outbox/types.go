@@ -177,6 +177,11 @@ type Claimed struct {
 	// ordering key in this consumer group (1 for the first, in commit
 	// order); 0 when it is unordered.
 	OrderingSeq int64
+	// Reclaimed is true when this claim took the event over from an
+	// earlier claim whose lease expired before it was settled (a crashed
+	// or stalled worker), false for a first delivery or a retry after a
+	// failure.
+	Reclaimed bool
 }
 
 // Receipt returns the id and claim key that settle this claim.

@@ -74,3 +74,20 @@ func TestPostgresOnlyExampleRuns(t *testing.T) {
 		t.Fatalf("pgwatermill: %v\n%s", err, out)
 	}
 }
+
+// The library packages use the OpenTelemetry API only: the SDK and the
+// Prometheus exporter belong to the application (the example, the tests).
+func TestLibraryLinksNoTelemetrySDK(t *testing.T) {
+	for _, pkg := range []string{"github.com/millpond/millpond/outbox", "github.com/millpond/millpond/bus", "github.com/millpond/millpond/fxmodule"} {
+		out, err := exec.Command(goTool(t), "list", "-deps", pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v\n%s", pkg, err, out)
+		}
+		for _, dep := range strings.Fields(string(out)) {
+			if strings.HasPrefix(dep, "go.opentelemetry.io/otel/sdk") || strings.HasPrefix(dep, "go.opentelemetry.io/otel/exporters") ||
+				strings.HasPrefix(dep, "github.com/prometheus/") {
+				t.Errorf("%s depends on %s", pkg, dep)
+			}
+		}
+	}
+}

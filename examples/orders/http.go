@@ -37,6 +37,8 @@ type api struct {
 	store  *outbox.Store
 	log    *zap.Logger
 	admin  http.Handler // millpond's admin UI, at /admin/
+	// metrics serves /metrics (Prometheus text), ready /readyz.
+	metrics, ready http.Handler
 }
 
 func (a *api) routes() http.Handler {
@@ -47,6 +49,12 @@ func (a *api) routes() http.Handler {
 	mux.HandleFunc("GET /stats", a.stats)
 	mux.HandleFunc("GET /healthz", a.healthz)
 	mux.Handle("/admin/", a.admin)
+	if a.metrics != nil {
+		mux.Handle("GET /metrics", a.metrics)
+	}
+	if a.ready != nil {
+		mux.Handle("GET /readyz", a.ready)
+	}
 	return mux
 }
 
@@ -217,6 +225,8 @@ type httpParams struct {
 	Bus       *bus.Bus
 	Logger    *zap.Logger
 	Shutdown  fx.Shutdowner
+	Metrics   *metricsHandler
+	Ready     *bus.ReadinessHandler
 }
 
 // newHTTPServer returns the HTTP server, listening from start to stop.
@@ -226,7 +236,7 @@ func newHTTPServer(p httpParams) (*http.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("orders: admin UI: %w", err)
 	}
-	a := &api{domain: p.Domain, store: p.Store, log: log, admin: adminUI}
+	a := &api{domain: p.Domain, store: p.Store, log: log, admin: adminUI, metrics: p.Metrics, ready: p.Ready}
 	srv := &http.Server{
 		Addr:              p.Config.Addr,
 		Handler:           a.routes(),

@@ -31,6 +31,9 @@ type config struct {
 	// AdminActions turns on the admin UI's actions (requeue, reroute);
 	// without it /admin/ is read-only.
 	AdminActions bool
+	// StatsInterval is how long one Stats snapshot feeds /metrics' backlog
+	// gauges and /readyz.
+	StatsInterval time.Duration
 }
 
 // Environment variables read as flag defaults.
@@ -83,6 +86,8 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.DurationVar(&cfg.Lease, "lease", lease, "outbox lease of each handler's claims, 1s-1h (env "+envLease+")")
 	fs.BoolVar(&cfg.AdminActions, "admin-actions", getenv(envAdminActions) == "1",
 		"allow the admin UI at /admin/ to requeue and reroute dead letters; it is read-only without (env "+envAdminActions+"=1)")
+	fs.DurationVar(&cfg.StatsInterval, "stats-interval", outbox.DefaultStatsInterval,
+		"how long one backlog query serves /metrics and /readyz (at most one query per interval)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
@@ -122,8 +127,9 @@ func newApp(cfg config) *fx.App {
 		fx.Supply(cfg),
 		fx.Provide(newLogger),
 		fx.Supply(fxmodule.Config{
-			DatabaseURL: cfg.DatabaseURL,
-			AutoMigrate: true,
+			DatabaseURL:   cfg.DatabaseURL,
+			AutoMigrate:   true,
+			StatsInterval: cfg.StatsInterval,
 			Bus: bus.Config{Subscriber: outbox.SubscriberConfig{
 				Lease:       cfg.Lease,
 				MaxInFlight: 4,
@@ -132,6 +138,7 @@ func newApp(cfg config) *fx.App {
 		fxmodule.Module,
 		fxmodule.WithZapLogger(),
 		fx.Provide(
+			newTelemetry,
 			newDomain,
 			newWorkers,
 			fxmodule.AsHandler(newReserveStock),

@@ -281,16 +281,18 @@ func (c *Core) Claim(ctx context.Context, req ClaimRequest) ([]Claimed, error) {
 	if c.dialect == MySQL {
 		return c.claimMySQL(ctx, req)
 	}
+	var expired map[int64]bool
 	if c.dialect == SQLite {
 		// SQLite has one writer: an UPDATE that finds nothing still takes
 		// the write lock, so idle polls would queue behind (and ahead of)
 		// the application's transactions. Look first with a read.
 		due, err := c.queryIDs(ctx, c.db, c.stmts.anyDue.text, c.stmts.anyDue.args(map[string]any{
-			"stream": req.Stream, "group": req.Group, "now": c.nowArg(),
+			"stream": req.Stream, "group": req.Group, "now": c.nowArg(), "limit": req.Limit,
 		}))
 		if err != nil || len(due) == 0 {
 			return nil, err
 		}
+		expired = due // ids of due rows whose lease expired (and 0)
 	}
 	q := c.stmts.claim
 	rows, err := c.db.QueryContext(ctx, q.text, q.args(map[string]any{
@@ -309,8 +311,11 @@ func (c *Core) Claim(ctx context.Context, req ClaimRequest) ([]Claimed, error) {
 		var expires, created int64
 		dest := []any{&cl.ID, &cl.Stream, &cl.Group, &cl.Key, &cl.Kind, &cl.Payload, &md, &cl.Attempts, &cl.ClaimKey, &expires, &created, &cl.OrderingKey, &cl.OrderingSeq}
 		var status string
-		if c.dialect == SQLite {
+		switch c.dialect {
+		case SQLite:
 			dest = append(dest, &status)
+		case Postgres:
+			dest = append(dest, &cl.Reclaimed)
 		}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, err
@@ -322,6 +327,9 @@ func (c *Core) Claim(ctx context.Context, req ClaimRequest) ([]Claimed, error) {
 			return nil, err
 		}
 		cl.LeaseExpiresAt, cl.CreatedAt = fromMicros(expires), fromMicros(created)
+		if c.dialect == SQLite {
+			cl.Reclaimed = expired[cl.ID]
+		}
 		out = append(out, cl)
 	}
 	if err := rowsErr(rows); err != nil {
@@ -373,6 +381,7 @@ func (c *Core) claimMySQL(ctx context.Context, req ClaimRequest) ([]Claimed, err
 				return err
 			}
 			cl.CreatedAt = fromMicros(created)
+			cl.Reclaimed = status == StatusProcessing
 			out = append(out, cl)
 		}
 		if err := rowsErr(rows); err != nil {

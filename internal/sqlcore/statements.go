@@ -103,8 +103,11 @@ func newStatements(d Dialect) *statements {
 	s := &statements{}
 	c := d.compile
 	s.now = c("SELECT @now")
-	s.anyDue = c(`SELECT 1 FROM millpond_outbox
-WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'processing') AND available_at <= @now LIMIT 1`)
+	// It also names the due rows whose lease expired (the others read as
+	// 0), among those the claim takes, so the claim can mark them Reclaimed.
+	s.anyDue = c(`SELECT CASE WHEN status = 'processing' THEN id ELSE 0 END FROM millpond_outbox
+WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'processing') AND available_at <= @now
+ORDER BY id LIMIT @limit`)
 	s.listDead = c(`SELECT id, stream, consumer_group, event_key, event_kind, attempts, last_error, created_at
 FROM millpond_outbox
 WHERE status = 'dead_letter' AND stream = @stream AND (@all_groups OR consumer_group = @group) AND id > @after
@@ -198,7 +201,7 @@ RETURNING id`
 n AS (SELECT pg_notify('`+NotifyChannel+`', @stream::TEXT))`, ", n"))
 		dead := deadAt("o.", "@hold::BOOLEAN")
 		s.claim = c(`WITH due AS (
-  SELECT id FROM millpond_outbox
+  SELECT id, status FROM millpond_outbox
   WHERE stream = @stream AND consumer_group = @group AND NOT settled AND available_at <= @now
   ORDER BY id LIMIT @limit
   FOR UPDATE SKIP LOCKED
@@ -212,9 +215,10 @@ n AS (SELECT pg_notify('`+NotifyChannel+`', @stream::TEXT))`, ", n"))
     last_error = CASE WHEN ` + dead + ` AND o.status = 'processing' THEN '` + lastErrorLeaseExpired + `' ELSE o.last_error END,
     available_at = @now + @lease::BIGINT
   FROM due WHERE o.id = due.id
-  RETURNING o.id, o.stream, o.consumer_group, o.event_key, o.event_kind, o.payload, o.metadata, o.attempts, o.claim_key, o.available_at, o.created_at, o.ordering_key, o.ordering_seq, o.status
+  RETURNING o.id, o.stream, o.consumer_group, o.event_key, o.event_kind, o.payload, o.metadata, o.attempts, o.claim_key, o.available_at, o.created_at, o.ordering_key, o.ordering_seq, o.status,
+    due.status = 'processing' AS reclaimed
 )
-SELECT ` + claimColumns + ` FROM claimed WHERE status = 'processing' ORDER BY id`)
+SELECT ` + claimColumns + `, reclaimed FROM claimed WHERE status = 'processing' ORDER BY id`)
 		// Statements that lock several rows lock them first, in id order, in
 		// a subselect (see liveClaims); the UPDATE then finds them locked.
 		s.ack = c(liveClaims + `

@@ -191,6 +191,9 @@ type Claimed struct {
 	// OrderingSeq is the event's position in its key's sequence within its
 	// consumer group, from 1 (0 when unordered).
 	OrderingSeq int64
+	// Reclaimed is true when the event was claimed again because an
+	// earlier claim's lease expired unsettled.
+	Reclaimed bool
 }
 
 // Receipt returns the id and claim key that settle this claim.

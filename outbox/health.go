@@ -1,0 +1,135 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+)
+
+// Ping checks that the store's database answers (a PostgreSQL pool's
+// Ping, a database/sql PingContext), for readiness checks.
+func (s *Store) Ping(ctx context.Context) error {
+	var err error
+	switch {
+	case s.pool != nil:
+		err = s.pool.Ping(ctx)
+	case s.sqlDB != nil:
+		err = s.sqlDB.PingContext(ctx)
+	default:
+		err = errors.New("no database")
+	}
+	if err != nil {
+		return fmt.Errorf("outbox: ping: %w", err)
+	}
+	return nil
+}
+
+// ListenerStatus tells whether the store listens for PostgreSQL
+// notifications (a PostgreSQL store without WithoutListen) and, if so,
+// whether its listening connection is connected now. Subscribers still
+// poll while it is not, only less promptly.
+func (s *Store) ListenerStatus() (listening, connected bool) {
+	return s.wake.listening, s.listenerUp.Load()
+}
+
+// statsCache holds the latest Stats snapshot for the gauges, readiness and
+// CachedStats. Its mutex is held while the query runs, so callers that
+// arrive meanwhile wait for that query rather than start their own.
+type statsCache struct {
+	interval time.Duration // <= 0: no caching
+
+	mu    sync.Mutex
+	at    time.Time
+	stats []StreamStats
+	err   error
+	seen  map[[2]string]bool // every (stream, group) reported so far
+}
+
+// CachedStats returns the Stats snapshot that the backlog gauges report and
+// when it was read: Stats runs at most once per stats interval (see
+// WithStatsInterval), however many callers ask, and a failed read is
+// returned (and not retried) until the interval passes too. Use it for
+// dashboards and readiness probes; use Stats for a fresh count.
+func (s *Store) CachedStats(ctx context.Context) ([]StreamStats, time.Time, error) {
+	c := &s.statsCache
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.interval > 0 && !c.at.IsZero() && time.Since(c.at) < c.interval {
+		return c.stats, c.at, c.err
+	}
+	start := time.Now()
+	stats, err := s.Stats(ctx)
+	s.tel.statsTime.Record(ctx, time.Since(start).Seconds())
+	c.at, c.stats, c.err = time.Now(), stats, err
+	return stats, c.at, err
+}
+
+// noteGroup makes the gauges report a (stream, group) even while it has no
+// undelivered events (as zeros): called for every subscription.
+func (s *Store) noteGroup(stream, group string) {
+	c := &s.statsCache
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.seen == nil {
+		c.seen = map[[2]string]bool{}
+	}
+	if len(c.seen) < maxAttrSets {
+		c.seen[[2]string{stream, group}] = true
+	}
+}
+
+// observeStats is the callback of every backlog gauge: one cached snapshot
+// feeds them all. A (stream, group) reported once, or consumed by a
+// Subscriber of this store, is reported as zeros while it has no
+// undelivered events, so its series go to 0 rather than vanish.
+func (s *Store) observeStats(ctx context.Context, o metric.Observer) error {
+	stats, _, err := s.CachedStats(ctx)
+	if err != nil {
+		return err
+	}
+	t := s.tel
+	c := &s.statsCache
+	c.mu.Lock()
+	if c.seen == nil {
+		c.seen = map[[2]string]bool{}
+	}
+	present := make(map[[2]string]bool, len(stats))
+	for _, st := range stats {
+		k := [2]string{st.Stream, st.Group}
+		present[k] = true
+		if len(c.seen) < maxAttrSets {
+			c.seen[k] = true
+		}
+	}
+	stats = slices.Clone(stats) // the cached slice is shared
+	for k := range c.seen {
+		if !present[k] {
+			stats = append(stats, StreamStats{Stream: k[0], Group: k[1]})
+		}
+	}
+	c.mu.Unlock()
+	for _, st := range stats {
+		base := []attribute.KeyValue{systemAttr, semconv.MessagingDestinationName(st.Stream), semconv.MessagingConsumerGroupName(st.Group)}
+		attrs := metric.WithAttributeSet(attribute.NewSet(base...))
+		state := func(name string) metric.ObserveOption {
+			return metric.WithAttributeSet(attribute.NewSet(append(base[:3:3], AttrState.String(name))...))
+		}
+		o.ObserveInt64(t.backlog, st.Pending-st.Retrying, state("pending"))
+		o.ObserveInt64(t.backlog, st.Retrying, state("retrying"))
+		o.ObserveInt64(t.backlog, st.Processing, state("processing"))
+		o.ObserveInt64(t.backlog, st.Blocked, state("blocked"))
+		o.ObserveInt64(t.backlog, st.Dead, state("dead"))
+		o.ObserveFloat64(t.oldestAge, st.OldestPendingAge.Seconds(), attrs)
+		o.ObserveInt64(t.deadLetters, st.Dead, attrs)
+		o.ObserveInt64(t.blocked, st.Blocked, attrs)
+		o.ObserveInt64(t.heldKeys, st.HeldKeys, attrs)
+	}
+	return nil
+}
