@@ -86,6 +86,22 @@ func (p *relayProc) kill(t *testing.T) {
 	<-p.done
 }
 
+// pause sets the stream's subjects.
+func pause(t *testing.T, js jetstream.JetStream, name string, subjects []string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.Subjects = subjects
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatalf("update stream: %v", err)
+	}
+}
+
 type sent struct {
 	key, orderingKey string
 	payload          []byte
@@ -96,7 +112,8 @@ type sent struct {
 // five times and its NATS server is restarted once. The JetStream stream
 // must end with every event exactly once (count, distinct Nats-Msg-Id, the
 // same ids and payloads as the outbox) and each ordering key's events in
-// sequence order on its subject.
+// sequence order on its subject. Once, the stream also stops taking the
+// relay's subjects for a while, so publishes fail without a PubAck.
 func TestRelayExactlyOnceUnderKills(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long fault test")
@@ -180,9 +197,19 @@ func TestRelayExactlyOnceUnderKills(t *testing.T) {
 	for k := 1; k <= 5; k++ {
 		p := startRelay(t, bin, args...)
 		progress(1200, 8*time.Second)
-		if k == 3 {
+		switch k {
+		case 3:
 			srv.Restart()
 			t.Logf("NATS server restarted while relay %d ran", k)
+			progress(600, 8*time.Second)
+		case 4:
+			// The stream stops taking the subjects for a while (an
+			// operator's edit, a full stream): publishes get no PubAck
+			// and must be retried, not acknowledged.
+			pause(t, js, "RELAYKILL", []string{"rk-paused.>"})
+			time.Sleep(700 * time.Millisecond)
+			pause(t, js, "RELAYKILL", []string{"rk.>"})
+			t.Logf("stream refused the relay's subjects for 700 ms while relay %d ran", k)
 			progress(600, 8*time.Second)
 		}
 		p.kill(t)
