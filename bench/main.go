@@ -39,6 +39,9 @@ type config struct {
 	out            string
 	phaseTimeout   time.Duration
 	breakdown      bool
+	relay          bool
+	natsURL        string
+	relayRuns      int
 	fanoutEvents   int
 	fanoutRuns     int
 	dialect        string
@@ -65,6 +68,10 @@ func main() {
 	flag.DurationVar(&cfg.phaseTimeout, "phase-timeout", 5*time.Minute, "give up on a delivery or latency phase after this long")
 	flag.BoolVar(&cfg.breakdown, "enqueue-breakdown", false,
 		"instead of the systems, measure what each duty of millpond's enqueue statement costs against the raw INSERT")
+	flag.BoolVar(&cfg.relay, "relay", false,
+		"measure relaying to NATS JetStream instead: millpond's relay, Watermill's forwarder, a bare async publish loop (PostgreSQL)")
+	flag.StringVar(&cfg.natsURL, "nats", "nats://127.0.0.1:4222", "NATS JetStream server for -relay")
+	flag.IntVar(&cfg.relayRuns, "relay-runs", 3, "interleaved runs per system in -relay mode")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -134,6 +141,9 @@ func (c config) validate() error {
 			return fmt.Errorf("system %q does not run on %s", s, c.dialect)
 		}
 	}
+	if c.relay && (c.dialect != dialectPostgres || c.relayRuns < 1) {
+		return fmt.Errorf("-relay is implemented for PostgreSQL only, with -relay-runs ≥ 1")
+	}
 	if c.breakdown && c.dialect != dialectPostgres {
 		return fmt.Errorf("-enqueue-breakdown is implemented for PostgreSQL only")
 	}
@@ -159,6 +169,9 @@ func run(ctx context.Context, cfg config) error {
 
 	if cfg.breakdown {
 		return runBreakdown(ctx, db, cfg, env)
+	}
+	if cfg.relay {
+		return runRelayBench(ctx, db, cfg, env)
 	}
 	rep := report{cfg: cfg, env: env, dialect: db.dialect, started: time.Now()}
 	for _, name := range cfg.systems {

@@ -2,8 +2,8 @@
 // removes the schema, shows backlog statistics, lists, requeues, reroutes
 // and discards dead-lettered events, lists and retires consumer groups,
 // moves waiting events of the default group to the groups that take them
-// now, purges delivered events past their retention, and serves the admin
-// web UI (package admin).
+// now, purges delivered events past their retention, serves the admin web
+// UI (package admin) and relays events to NATS JetStream (package relay).
 //
 // Usage:
 //
@@ -20,6 +20,7 @@
 //	millpond pending reroute -stream S
 //	millpond purge -older-than 168h [-limit N]
 //	millpond ui [-addr 127.0.0.1:8081] [-read-only] [-prefix /path]
+//	millpond relay -nats URL -stream S[,S…] [-js-stream N] [-subject-prefix P] [-strict] …
 //
 // Every command and command group takes -h. The database comes from -db
 // (before or after the command) or from the MILLPOND_DATABASE_URL
@@ -83,6 +84,8 @@ Commands:
   pending reroute -stream S             move pending events of the default group to the groups that take their kind now
   purge -older-than D [-limit N]        delete events delivered more than D ago (e.g. 168h)
   ui [-addr 127.0.0.1:8081] [-read-only] serve the admin web UI (loopback by default)
+  relay -nats URL -stream S [-js-stream N] [-subject-prefix P] [-strict]
+                                        forward a stream's events to NATS JetStream, exactly once, in per-key order
 
 The database is -db URL or $` + EnvDatabaseURL + `:
   postgres://user:pass@host:5432/db?sslmode=disable
@@ -229,6 +232,8 @@ func dispatch(e *env, args []string) error {
 		return cmdPurge(e, rest)
 	case "ui":
 		return cmdUI(e, rest)
+	case "relay":
+		return cmdRelay(e, rest)
 	default:
 		return usagef("unknown command %q", cmd)
 	}
@@ -313,6 +318,12 @@ func (t target) fail(what string, err error) error {
 // open connects to the database named by -db or the environment. It never
 // starts LISTEN: a short-lived command has nothing to wake.
 func open(e *env, local string) (*outbox.Store, target, error) {
+	return openWith(e, local, outbox.WithoutListen())
+}
+
+// openWith is open with the given store options (a long-running command
+// such as relay keeps LISTEN on).
+func openWith(e *env, local string, opts ...outbox.Option) (*outbox.Store, target, error) {
 	raw := local
 	if raw == "" {
 		raw = e.dbURL
@@ -330,7 +341,7 @@ func open(e *env, local string) (*outbox.Store, target, error) {
 	t := target{addr: addr, shown: addr.String()}
 	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
 	defer cancel()
-	s, err := anydb.Open(ctx, raw, outbox.WithoutListen())
+	s, err := anydb.Open(ctx, raw, opts...)
 	if err != nil {
 		// Open's error names the redacted address already.
 		return nil, t, errors.New(addr.Scrub(err.Error()))

@@ -1,0 +1,308 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/components/forwarder"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/millpond/millpond/outbox"
+	"github.com/millpond/millpond/relay"
+)
+
+// The -relay mode measures how fast events committed in the outbox reach a
+// NATS JetStream stream, three ways, on the same events (unordered, ~200-byte
+// JSON payloads), each on a fresh file-backed stream, runs interleaved:
+//
+//   - bare: a loop of asynchronous JetStream publishes of the same
+//     messages (subject, Nats-Msg-Id, headers, payload) from memory, at
+//     most 256 pending: the limit of the broker and the client;
+//   - millpond relay: relay.JetStream (window 256, batch 1000) over events
+//     already committed in millpond's outbox, until the stream holds them;
+//   - Watermill forwarder: watermill-sql v4's publisher in the producer's
+//     transaction wrapped by components/forwarder (the envelope on one
+//     forwarder topic, default schema), the forwarder's router reading it
+//     and publishing through watermill-nats v2's JetStream publisher
+//     (synchronous publish, TrackMsgId), until the stream holds them.
+//
+// Enqueueing is not timed (500 events per transaction before the clock
+// starts); the figure is events per second from starting the relay (or
+// loop) until the stream holds every event.
+
+const (
+	relayBenchTopic   = "bench_relay"
+	relayBenchWindow  = 256
+	relayForwardTopic = "bench_forwarder"
+)
+
+func relayPayload(i int) []byte {
+	return fmt.Appendf(nil, `{"order_id":%d,"customer":"c-%d","lines":[{"sku":"sku-1","qty":2,"price":1999},{"sku":"sku-2","qty":1,"price":4999}],"pad":"%s"}`,
+		i, i%977, strings.Repeat("x", 80))
+}
+
+func runRelayBench(ctx context.Context, db *database, cfg config, env string) error {
+	nc, err := nats.Connect(cfg.natsURL)
+	if err != nil {
+		return fmt.Errorf("-nats %s: %w", relay.RedactURL(cfg.natsURL), err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(relayBenchWindow))
+	if err != nil {
+		return err
+	}
+	store, err := db.store(outbox.WithoutListen())
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	if err := store.Migrate(ctx); err != nil {
+		return err
+	}
+	systems := []struct {
+		name string
+		run  func(context.Context, jetstream.Stream) (float64, error)
+	}{
+		{"bare async JetStream publish loop", func(ctx context.Context, st jetstream.Stream) (float64, error) {
+			return benchBare(ctx, js, st, cfg.events)
+		}},
+		{"millpond relay", func(ctx context.Context, st jetstream.Stream) (float64, error) {
+			return benchRelay(ctx, db, store, nc, st, cfg.events)
+		}},
+		{"Watermill forwarder", func(ctx context.Context, st jetstream.Stream) (float64, error) {
+			return benchForwarder(ctx, db, cfg.natsURL, st, cfg.events)
+		}},
+	}
+	rates := make([][]float64, len(systems))
+	for run := range cfg.relayRuns {
+		for i, s := range systems {
+			name := fmt.Sprintf("BENCH_RELAY_%d", os.Getpid())
+			_ = js.DeleteStream(ctx, name)
+			st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{"benchrelay.>"}, Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute})
+			if err != nil {
+				return err
+			}
+			if err := db.checkpoint(ctx); err != nil {
+				return err
+			}
+			rate, err := s.run(ctx, st)
+			_ = js.DeleteStream(ctx, name)
+			if err != nil {
+				return fmt.Errorf("%s: %w", s.name, err)
+			}
+			logf("relay run %d: %s: %.0f ev/s", run+1, s.name, rate)
+			rates[i] = append(rates[i], rate)
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "# millpond relay benchmark (postgres → NATS JetStream)\n\nRun %s. %s\n\n", time.Now().UTC().Format(time.RFC3339), env)
+	fmt.Fprintf(&b, "%d unordered events of ~200 bytes, one file-backed stream per measurement (duplicate window 2 min); %d interleaved runs, median (range).\n\n", cfg.events, cfg.relayRuns)
+	b.WriteString("| system | ev/s | vs bare loop | vs Watermill forwarder |\n|---|---:|---:|---:|\n")
+	med := make([]float64, len(systems))
+	for i := range systems {
+		med[i] = median(append([]float64(nil), rates[i]...))
+	}
+	for i, s := range systems {
+		lo, hi := minMax(rates[i])
+		fmt.Fprintf(&b, "| %s | %.0f (%.0f–%.0f) | %.2fx | %.2fx |\n", s.name, med[i], lo, hi, med[i]/med[0], med[i]/med[2])
+	}
+	verdict := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "**NOT met**"
+	}
+	fmt.Fprintf(&b, "\nTargets (issue 13): relay ≥ 3× the Watermill forwarder: %.2fx, %s; relay ≥ 0.5× the bare loop: %.2fx, %s\n",
+		med[1]/med[2], verdict(med[1] >= 3*med[2]), med[1]/med[0], verdict(med[1] >= 0.5*med[0]))
+	fmt.Print(b.String())
+	if cfg.out != "" {
+		return os.WriteFile(cfg.out, []byte(b.String()), 0o644)
+	}
+	return nil
+}
+
+func minMax(xs []float64) (lo, hi float64) {
+	for i, x := range xs {
+		if i == 0 || x < lo {
+			lo = x
+		}
+		if i == 0 || x > hi {
+			hi = x
+		}
+	}
+	return lo, hi
+}
+
+// relayMsg is the message the relay would publish for event i.
+func relayMsg(i int) *nats.Msg {
+	key := fmt.Sprintf("ev-%d", i)
+	h := nats.Header{}
+	h.Set(jetstream.MsgIDHeader, relay.MsgID(relayBenchTopic, key))
+	h.Set(relay.HeaderStream, relayBenchTopic)
+	h.Set(relay.HeaderKind, "OrderPlaced")
+	h.Set(relay.HeaderKey, key)
+	return &nats.Msg{Subject: "benchrelay." + relayBenchTopic + ".OrderPlaced", Header: h, Data: relayPayload(i)}
+}
+
+func benchBare(ctx context.Context, js jetstream.JetStream, st jetstream.Stream, n int) (float64, error) {
+	msgs := make([]*nats.Msg, n)
+	for i := range n {
+		msgs[i] = relayMsg(i)
+	}
+	start := time.Now()
+	for _, m := range msgs {
+		if _, err := js.PublishMsgAsync(m); err != nil {
+			return 0, err
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(5 * time.Minute):
+		return 0, fmt.Errorf("async publishes not complete")
+	}
+	elapsed := time.Since(start)
+	return float64(n) / elapsed.Seconds(), waitStream(ctx, st, n, start)
+}
+
+// waitStream waits until the stream holds n messages.
+func waitStream(ctx context.Context, st jetstream.Stream, n int, start time.Time) error {
+	for {
+		info, err := st.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.State.Msgs >= uint64(n) {
+			if info.State.Msgs > uint64(n) {
+				return fmt.Errorf("stream holds %d messages, want %d", info.State.Msgs, n)
+			}
+			return nil
+		}
+		if time.Since(start) > 5*time.Minute {
+			return fmt.Errorf("stream holds %d of %d messages after 5 minutes", info.State.Msgs, n)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// enqueueBatches commits n events, 500 per transaction, through add.
+func enqueueBatches(ctx context.Context, db *database, n int, add func(*benchTx, int) error) error {
+	for i := 0; i < n; i += 500 {
+		tx, err := db.begin(ctx)
+		if err != nil {
+			return err
+		}
+		for j := i; j < min(i+500, n); j++ {
+			if err := add(tx, j); err != nil {
+				tx.rollback(ctx)
+				return err
+			}
+		}
+		if err := tx.commit(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func benchRelay(ctx context.Context, db *database, store *outbox.Store, nc *nats.Conn, st jetstream.Stream, n int) (float64, error) {
+	if err := db.truncate(ctx, "millpond_outbox", "millpond_ordering"); err != nil {
+		return 0, err
+	}
+	if err := store.RegisterGroup(ctx, relayBenchTopic, relay.DefaultGroup); err != nil {
+		return 0, err
+	}
+	err := enqueueBatches(ctx, db, n, func(tx *benchTx, i int) error {
+		_, err := store.Enqueue(ctx, tx.outbox(), outbox.Event{Stream: relayBenchTopic, Key: fmt.Sprintf("ev-%d", i), Kind: "OrderPlaced", Payload: relayPayload(i)})
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	if err := db.checkpoint(ctx); err != nil {
+		return 0, err
+	}
+	r, err := relay.NewJetStream(ctx, store, nc, relay.JetStreamConfig{
+		Config:        relay.Config{Streams: []string{relayBenchTopic}, Window: relayBenchWindow, BatchSize: 1000, PollInterval: 5 * time.Millisecond},
+		SubjectPrefix: "benchrelay",
+	})
+	if err != nil {
+		return 0, err
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- r.Run(runCtx) }()
+	err = waitStream(ctx, st, n, start)
+	elapsed := time.Since(start)
+	stop()
+	if rerr := <-done; err == nil {
+		err = rerr
+	}
+	return float64(n) / elapsed.Seconds(), err
+}
+
+func benchForwarder(ctx context.Context, db *database, natsURL string, st jetstream.Stream, n int) (float64, error) {
+	logger := watermill.NopLogger{}
+	schema := wsql.DefaultPostgreSQLSchema{}
+	offsets := wsql.DefaultPostgreSQLOffsetsAdapter{}
+	for _, t := range []string{"watermill_" + relayForwardTopic, "watermill_offsets_" + relayForwardTopic} {
+		if err := db.exec(ctx, `DROP TABLE IF EXISTS "`+t+`"`); err != nil {
+			return 0, err
+		}
+	}
+	sub, err := wsql.NewSubscriber(wsql.BeginnerFromPgx(db.pool), wsql.SubscriberConfig{
+		ConsumerGroup: "forwarder", SchemaAdapter: schema, OffsetsAdapter: offsets, PollInterval: 5 * time.Millisecond,
+		InitializeSchema: true,
+	}, logger)
+	if err != nil {
+		return 0, err
+	}
+	if err := sub.SubscribeInitialize(relayForwardTopic); err != nil {
+		return 0, err
+	}
+	err = enqueueBatches(ctx, db, n, func(tx *benchTx, i int) error {
+		p, err := wsql.NewPublisher(wsql.TxFromPgx(tx.pgx), wsql.PublisherConfig{SchemaAdapter: schema}, logger)
+		if err != nil {
+			return err
+		}
+		fp := forwarder.NewPublisher(p, forwarder.PublisherConfig{ForwarderTopic: relayForwardTopic})
+		m := message.NewMessage(fmt.Sprintf("ev-%d", i), relayPayload(i))
+		m.Metadata.Set("event_kind", "OrderPlaced")
+		return fp.Publish("benchrelay."+relayBenchTopic+".OrderPlaced", m)
+	})
+	if err != nil {
+		return 0, err
+	}
+	if err := db.checkpoint(ctx); err != nil {
+		return 0, err
+	}
+	pub, err := wnats.NewPublisher(wnats.PublisherConfig{
+		URL:               natsURL,
+		SubjectCalculator: func(_, topic string) *wnats.SubjectDetail { return &wnats.SubjectDetail{Primary: topic} },
+		JetStream:         wnats.JetStreamConfig{TrackMsgId: true},
+	}, logger)
+	if err != nil {
+		return 0, err
+	}
+	defer pub.Close()
+	fwd, err := forwarder.NewForwarder(sub, pub, logger, forwarder.Config{ForwarderTopic: relayForwardTopic})
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- fwd.Run(ctx) }()
+	err = waitStream(ctx, st, n, start)
+	elapsed := time.Since(start)
+	_ = fwd.Close()
+	<-done
+	return float64(n) / elapsed.Seconds(), err
+}

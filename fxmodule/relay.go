@@ -1,0 +1,96 @@
+package fxmodule
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"go.uber.org/fx"
+	"go.uber.org/zap"
+
+	"github.com/millpond/millpond/outbox"
+	"github.com/millpond/millpond/relay"
+)
+
+// RelayConfig configures RelayModule.
+type RelayConfig struct {
+	// NATSURL names the NATS server(s) (comma-separated); its credentials
+	// are never logged. Required.
+	NATSURL string
+	// JetStream configures the relay (streams, JetStream stream, subjects,
+	// strict mode…); its Logger defaults to the app's zap logger.
+	JetStream relay.JetStreamConfig
+}
+
+// ErrNoNATSURL is returned when RelayConfig.NATSURL is empty.
+var ErrNoNATSURL = errors.New("fxmodule: RelayConfig.NATSURL is empty; name the NATS server (nats://…)")
+
+// RelayModule runs a JetStream relay (package relay) in the application,
+// over the Store of Module: supply a RelayConfig next to Config.
+//
+//	fx.Supply(fxmodule.RelayConfig{NATSURL: os.Getenv("NATS_URL"),
+//		JetStream: relay.JetStreamConfig{Config: relay.Config{Streams: []string{"orders"}}, SubjectPrefix: "events"}}),
+//	fxmodule.Module,
+//	fxmodule.RelayModule,
+//
+// It connects and checks the configuration on construction (a bad one
+// fails the app's start), relays from OnStart, and on OnStop lets the
+// publishes in flight be confirmed before it closes its NATS connection.
+// It provides the *relay.JetStream, for its Stats.
+var RelayModule = fx.Module("millpond.relay",
+	fx.Provide(newRelay),
+	fx.Invoke(func(*relay.JetStream) {}),
+)
+
+type relayParams struct {
+	fx.In
+	Lifecycle fx.Lifecycle
+	Store     *outbox.Store
+	Config    RelayConfig
+	Logger    *zap.Logger
+}
+
+func newRelay(p relayParams) (*relay.JetStream, error) {
+	if strings.TrimSpace(p.Config.NATSURL) == "" {
+		return nil, ErrNoNATSURL
+	}
+	cfg := p.Config.JetStream
+	if cfg.Logger == nil {
+		cfg.Logger = SlogLogger(p.Logger.Named("millpond.relay"))
+	}
+	if cfg.CloseTimeout == 0 {
+		cfg.CloseTimeout = 8 * time.Second // within fx's default 15 s stop timeout
+	}
+	nc, err := relay.Connect(p.Config.NATSURL)
+	if err != nil {
+		return nil, fmt.Errorf("fxmodule: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	r, err := relay.NewJetStream(ctx, p.Store, nc, cfg)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("fxmodule: %w", err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	p.Lifecycle.Append(fx.Hook{
+		OnStart: func(context.Context) error {
+			go func() { done <- r.Run(runCtx) }()
+			return nil
+		},
+		OnStop: func(ctx context.Context) error {
+			stop()
+			defer nc.Close()
+			select {
+			case err := <-done:
+				return err
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		},
+	})
+	return r, nil
+}

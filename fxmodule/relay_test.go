@@ -1,0 +1,77 @@
+package fxmodule_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/fx"
+	"go.uber.org/fx/fxtest"
+	"go.uber.org/zap"
+
+	"github.com/millpond/millpond/fxmodule"
+	"github.com/millpond/millpond/internal/testdb"
+	"github.com/millpond/millpond/internal/testnats"
+	"github.com/millpond/millpond/outbox"
+	"github.com/millpond/millpond/relay"
+)
+
+func TestRelayModule(t *testing.T) {
+	db := testdb.New(t, "postgres")
+	_, js := testnats.Connect(t)
+	prefix := testnats.UniqueName("fx")
+	st := testnats.Stream(t, js, strings.ToUpper(prefix), 2*time.Minute, prefix+".>")
+	var store *outbox.Store
+	var r *relay.JetStream
+	app := fxtest.New(t,
+		fx.Supply(zap.NewNop()),
+		fx.Supply(fxmodule.Config{DatabaseURL: db.URL, AutoMigrate: true}),
+		fx.Supply(fxmodule.RelayConfig{NATSURL: testnats.URL(), JetStream: relay.JetStreamConfig{
+			Config: relay.Config{Streams: []string{"orders"}}, SubjectPrefix: prefix}}),
+		fxmodule.Module,
+		fxmodule.RelayModule,
+		fx.Populate(&store, &r),
+	)
+	app.RequireStart()
+	defer app.RequireStop()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		// The relay's group registers when Run starts, just after start.
+		tx, commit, _ := db.Begin(t)
+		if _, err := store.Enqueue(context.Background(), tx, outbox.Event{Stream: "orders", Key: "o-1", Kind: "OrderPlaced", Payload: []byte(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := commit(); err != nil {
+			t.Fatal(err)
+		}
+		if r.Stats().Published+r.Stats().Duplicates > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the relay published nothing in 10 s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if msgs := testnats.Messages(t, st); len(msgs) != 1 || msgs[0].Subject != prefix+".orders.OrderPlaced" {
+		t.Fatalf("stream holds %v", msgs)
+	}
+}
+
+func TestRelayModuleRefusesBadConfiguration(t *testing.T) {
+	db := testdb.New(t, "postgres")
+	testnats.Connect(t)
+	app := fx.New(
+		fx.NopLogger,
+		fx.Supply(zap.NewNop()),
+		fx.Supply(fxmodule.Config{DatabaseURL: db.URL}),
+		fx.Supply(fxmodule.RelayConfig{NATSURL: testnats.URL(), JetStream: relay.JetStreamConfig{
+			Config: relay.Config{Streams: []string{"orders"}}, Stream: "NO_SUCH_STREAM_FX"}}),
+		fxmodule.Module,
+		fxmodule.RelayModule,
+	)
+	if err := app.Err(); !errors.Is(err, relay.ErrStreamNotFound) {
+		t.Fatalf("app error %v, want ErrStreamNotFound", err)
+	}
+}

@@ -1,0 +1,73 @@
+package relay
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// RedactURL hides the credentials of NATS server URLs (a comma-separated
+// list is accepted): "nats://user:pass@host:4222" and "nats://token@host"
+// both become "nats://[REDACTED]@host…". Text that does not parse as a URL
+// is redacted whole.
+func RedactURL(servers string) string {
+	parts := strings.Split(servers, ",")
+	for i, p := range parts {
+		p = strings.TrimSpace(p)
+		if !strings.Contains(p, "://") {
+			if strings.Contains(p, "@") {
+				p = "[REDACTED]" + p[strings.LastIndex(p, "@"):]
+			}
+			parts[i] = p
+			continue
+		}
+		u, err := url.Parse(p)
+		if err != nil {
+			parts[i] = "[REDACTED]"
+			continue
+		}
+		if u.User != nil {
+			parts[i] = u.Scheme + "://[REDACTED]@" + u.Host + u.EscapedPath()
+		} else {
+			parts[i] = u.Scheme + "://" + u.Host + u.EscapedPath()
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// scrubURL removes every credential of servers from text.
+func scrubURL(text, servers string) string {
+	for p := range strings.SplitSeq(servers, ",") {
+		p = strings.TrimSpace(p)
+		if u, err := url.Parse(p); err == nil && u.User != nil {
+			if pw, ok := u.User.Password(); ok && pw != "" {
+				text = strings.ReplaceAll(text, pw, "[REDACTED]")
+			}
+			if name := u.User.Username(); name != "" {
+				text = strings.ReplaceAll(text, name, "[REDACTED]")
+			}
+		}
+	}
+	return text
+}
+
+// Connect opens a NATS connection for a relay: it fails at once with
+// ErrUnreachable (the URL redacted) when no server answers, and once
+// connected reconnects forever, so a relay rides out broker restarts. opts
+// come after the relay's own and override them.
+func Connect(servers string, opts ...nats.Option) (*nats.Conn, error) {
+	base := []nats.Option{
+		nats.Name("millpond-relay"),
+		nats.Timeout(5 * time.Second),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+	}
+	nc, err := nats.Connect(servers, append(base, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %s", ErrUnreachable, RedactURL(servers), scrubURL(err.Error(), servers))
+	}
+	return nc, nil
+}

@@ -1,0 +1,360 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/millpond/millpond/outbox"
+)
+
+// Headers the JetStream relay sets on every message, besides Nats-Msg-Id
+// (jetstream.MsgIDHeader) and the event's metadata.
+const (
+	// HeaderStream is the event's outbox stream.
+	HeaderStream = "Millpond-Stream"
+	// HeaderKind is the event's kind.
+	HeaderKind = "Millpond-Kind"
+	// HeaderKey is the event's idempotency key.
+	HeaderKey = "Millpond-Key"
+	// HeaderOrderingKey is the event's ordering key (absent when none).
+	HeaderOrderingKey = "Millpond-Ordering-Key"
+	// HeaderOrderingSeq is the event's position among the events of its
+	// ordering key, from 1 (absent when unordered).
+	HeaderOrderingSeq = "Millpond-Ordering-Seq"
+)
+
+// JetStreamConfig configures a JetStream relay.
+type JetStreamConfig struct {
+	Config
+	// Stream is the JetStream stream the subjects belong to. Empty: the
+	// stream that captures the relay's subjects (js.StreamNameBySubject).
+	// Either way New checks that the stream exists and captures them.
+	Stream string
+	// SubjectPrefix fills {prefix} (default DefaultSubjectPrefix): one or
+	// more literal tokens.
+	SubjectPrefix string
+	// SubjectTemplate builds each message's subject; empty means
+	// DefaultSubjectTemplate, or OrderingKeySubjectTemplate with
+	// OrderingKeyInSubject or Strict. Tokens are literals or placeholders
+	// ({prefix}, {stream}, {kind}, {key}, {ordering_key}); an invalid
+	// template fails New with ErrInvalidSubjectTemplate.
+	SubjectTemplate string
+	// OrderingKeyInSubject appends the ordering key to the default
+	// template (ignored when SubjectTemplate is set).
+	OrderingKeyInSubject bool
+	// Strict publishes with an expected last sequence per subject instead
+	// of relying on the stream's duplicate window; see the package
+	// documentation for its constraints.
+	Strict bool
+}
+
+// JetStream relays outbox events to a NATS JetStream stream. Create it with
+// NewJetStream and run it with Run.
+type JetStream struct {
+	cfg    JetStreamConfig
+	js     jetstream.JetStream
+	stream jetstream.Stream
+	tmpl   subjectTemplate
+	run    runner
+	stats  counters
+	window time.Duration // the stream's duplicate window
+
+	mu   sync.Mutex
+	last map[string]uint64 // strict mode: last known sequence per subject
+}
+
+// lastCacheSize bounds the strict mode's per-subject cache; a subject
+// forgotten costs one extra round trip the next time.
+const lastCacheSize = 1 << 16
+
+// NewJetStream checks the configuration against the server and returns a
+// relay. It fails with ErrInvalidConfig, ErrInvalidSubjectTemplate,
+// ErrUnreachable (nc is not connected), ErrNoJetStream, ErrStreamNotFound,
+// ErrSubjectNotCaptured or ErrDuplicateWindowTooShort. The relay owns
+// nothing: closing nc and the store is the caller's job, after Run returned.
+func NewJetStream(ctx context.Context, store *outbox.Store, nc *nats.Conn, cfg JetStreamConfig) (*JetStream, error) {
+	if store == nil || nc == nil {
+		return nil, fmt.Errorf("%w: nil store or NATS connection", ErrInvalidConfig)
+	}
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.SubjectPrefix == "" {
+		cfg.SubjectPrefix = DefaultSubjectPrefix
+	}
+	if cfg.SubjectTemplate == "" {
+		cfg.SubjectTemplate = DefaultSubjectTemplate
+		if cfg.OrderingKeyInSubject || cfg.Strict {
+			cfg.SubjectTemplate = OrderingKeySubjectTemplate
+		}
+	}
+	tmpl, err := parseTemplate(cfg.SubjectTemplate, cfg.SubjectPrefix)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Strict {
+		if !tmpl.has[PlaceholderStream] || !tmpl.has[PlaceholderOrderingKey] {
+			return nil, fmt.Errorf("%w: %q: strict mode needs a subject per ordering key: the template must hold %s and %s",
+				ErrInvalidSubjectTemplate, cfg.SubjectTemplate, PlaceholderStream, PlaceholderOrderingKey)
+		}
+		if cfg.DeadLetterPolicy != outbox.DeadLetterHold {
+			return nil, fmt.Errorf("%w: strict mode needs the dead-letter policy hold (a skipped event requeued later would be published after its successors)", ErrInvalidConfig)
+		}
+	}
+	if !nc.IsConnected() {
+		return nil, fmt.Errorf("%w: the connection is %s", ErrUnreachable, strings.ToLower(nc.Status().String()))
+	}
+	js, err := jetstream.New(nc,
+		jetstream.WithPublishAsyncMaxPending(cfg.Window*len(cfg.Streams)+16),
+		jetstream.WithPublishAsyncTimeout(cfg.PublishTimeout))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNoJetStream, err)
+	}
+	r := &JetStream{cfg: cfg, js: js, tmpl: tmpl, last: map[string]uint64{}}
+	if err := r.checkStream(ctx); err != nil {
+		return nil, err
+	}
+	r.run = runner{store: store, cfg: cfg.Config, relayOne: r.relayOne}
+	return r, nil
+}
+
+// checkStream finds the stream, checks that it captures every stream's
+// subjects and, outside strict mode, that its duplicate window is long
+// enough.
+func (r *JetStream) checkStream(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := r.js.AccountInfo(ctx); err != nil {
+		return fmt.Errorf("%w: %w", ErrNoJetStream, err)
+	}
+	name := r.cfg.Stream
+	for _, s := range r.cfg.Streams {
+		probe := r.tmpl.subject(s, "probe", "probe", "probe")
+		found, err := r.js.StreamNameBySubject(ctx, probe)
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound) && name == "":
+			return fmt.Errorf("%w: no JetStream stream captures the subjects of template %q (such as %q); create one", ErrStreamNotFound, r.cfg.SubjectTemplate, r.tmpl.subject("<stream>", "<kind>", "<key>", "<ordering-key>"))
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			found = ""
+		case err != nil:
+			return fmt.Errorf("relay: look up the JetStream stream: %w", err)
+		}
+		if name == "" {
+			name = found
+		}
+		if found != name {
+			if _, err := r.js.Stream(ctx, name); errors.Is(err, jetstream.ErrStreamNotFound) {
+				return fmt.Errorf("%w: %q does not exist", ErrStreamNotFound, name)
+			}
+			return fmt.Errorf("%w: subjects of template %q go to stream %q, not %q", ErrSubjectNotCaptured, r.cfg.SubjectTemplate, found, name)
+		}
+	}
+	stream, err := r.js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("%w: %q does not exist", ErrStreamNotFound, name)
+	}
+	if err != nil {
+		return fmt.Errorf("relay: read JetStream stream %q: %w", name, err)
+	}
+	r.stream = stream
+	r.cfg.Stream = name
+	r.window = stream.CachedInfo().Config.Duplicates
+	if need := r.cfg.RequiredDuplicateWindow(); !r.cfg.Strict && r.window < need {
+		return fmt.Errorf("%w: stream %q drops repeated message ids for %s, the relay needs at least %s (lease %s + longest retry delay %s + publish timeout %s): raise the stream's Duplicates, shorten those, or use strict mode",
+			ErrDuplicateWindowTooShort, name, r.window, need, r.cfg.Lease, r.cfg.MaxBackoff, r.cfg.PublishTimeout)
+	}
+	return nil
+}
+
+// StreamName is the JetStream stream the relay publishes to.
+func (r *JetStream) StreamName() string { return r.cfg.Stream }
+
+// DuplicateWindow is the stream's duplicate window, read at start.
+func (r *JetStream) DuplicateWindow() time.Duration { return r.window }
+
+// Stats counts what the relay did since it started.
+func (r *JetStream) Stats() Stats { return r.stats.snapshot() }
+
+// Run relays until ctx ends, then stops gracefully: no more claims;
+// publishes in flight are confirmed and acknowledged, for at most
+// CloseTimeout (unconfirmed events are retried later, and dropped as
+// duplicates if they had arrived). It may be called once.
+func (r *JetStream) Run(ctx context.Context) error {
+	r.cfg.Logger.Info("relay started", "jetstream_stream", r.cfg.Stream, "outbox_streams", len(r.cfg.Streams),
+		"group", r.cfg.Group, "strict", r.cfg.Strict, "window", r.cfg.Window, "duplicate_window", r.window.String())
+	err := r.run.run(ctx)
+	s := r.Stats()
+	r.cfg.Logger.Info("relay stopped", "published", s.Published, "duplicates", s.Duplicates, "failed", s.Failed,
+		"dead_lettered", s.DeadLettered, "conflicts", s.Conflicts)
+	return err
+}
+
+// natsMsg builds the message of one event: subject, headers, payload.
+func (r *JetStream) natsMsg(ev event) (*nats.Msg, error) {
+	m := &nats.Msg{Subject: r.tmpl.subject(ev.stream, ev.kind, ev.key, ev.orderingKey), Data: ev.payload,
+		Header: make(nats.Header, len(ev.metadata)+6)}
+	for k, v := range ev.metadata {
+		if err := checkHeader(k, v); err != nil {
+			return nil, err
+		}
+		m.Header.Set(k, v)
+	}
+	m.Header.Set(jetstream.MsgIDHeader, MsgID(ev.stream, ev.key))
+	m.Header.Set(HeaderStream, ev.stream)
+	m.Header.Set(HeaderKind, ev.kind)
+	m.Header.Set(HeaderKey, ev.key)
+	if ev.orderingKey != "" {
+		m.Header.Set(HeaderOrderingKey, ev.orderingKey)
+		m.Header.Set(HeaderOrderingSeq, strconv.FormatInt(ev.orderingSeq, 10))
+	}
+	return m, nil
+}
+
+// checkHeader refuses metadata that cannot be a NATS header or would steer
+// the server (Nats-*) or mask the relay's own headers (Millpond-*).
+func checkHeader(k, v string) error {
+	lower := strings.ToLower(k)
+	if strings.HasPrefix(lower, "nats-") || strings.HasPrefix(lower, "millpond-") {
+		return fmt.Errorf("%w: metadata key with the reserved prefix Nats- or Millpond-", ErrUnpublishable)
+	}
+	for _, c := range []byte(k) {
+		if c <= ' ' || c >= 0x7f || c == ':' {
+			return fmt.Errorf("%w: metadata key with a space, colon, control or non-ASCII character", ErrUnpublishable)
+		}
+	}
+	if strings.ContainsAny(v, "\r\n") {
+		return fmt.Errorf("%w: metadata value with a line break", ErrUnpublishable)
+	}
+	return nil
+}
+
+// relayOne publishes one event and settles its outbox row: Ack after the
+// PubAck (new or duplicate), Nack (retried with backoff) on failure, dead
+// letter at once when it can never be published.
+func (r *JetStream) relayOne(stream string, msg *message.Message) {
+	ev := eventOf(stream, msg)
+	m, err := r.natsMsg(ev)
+	if err != nil {
+		r.stats.dead.Add(1)
+		nack(msg, err.Error(), true)
+		return
+	}
+	dup, err := r.publish(m, ev)
+	switch {
+	case err == nil:
+		if dup {
+			r.stats.duplicates.Add(1)
+		} else {
+			r.stats.published.Add(1)
+		}
+		msg.Ack()
+	case errors.Is(err, nats.ErrMaxPayload):
+		r.stats.dead.Add(1)
+		nack(msg, fmt.Sprintf("%v: %v", ErrUnpublishable, err), true)
+	default:
+		if errors.Is(err, ErrStrictConflict) {
+			r.stats.conflicts.Add(1)
+		}
+		r.stats.failed.Add(1)
+		r.cfg.Logger.Debug("publish failed; the event will be retried", "error", err.Error())
+		nack(msg, "relay: publish to JetStream: "+err.Error(), false)
+	}
+}
+
+// publish sends m and waits for its PubAck. dup reports a message JetStream
+// already had.
+func (r *JetStream) publish(m *nats.Msg, ev event) (dup bool, err error) {
+	if !r.cfg.Strict {
+		ack, err := r.publishAsync(m)
+		if err != nil {
+			return false, err
+		}
+		return ack.Duplicate, nil
+	}
+	return r.publishStrict(m, ev)
+}
+
+// publishAsync publishes through the asynchronous publisher (so publishes
+// of many keys share the connection's writes) and waits for the outcome.
+func (r *JetStream) publishAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	// Headers set by a previous try (the expected sequence) are replaced.
+	f, err := r.js.PublishMsgAsync(m, opts...)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case ack := <-f.Ok():
+		return ack, nil
+	case err := <-f.Err():
+		return nil, err
+	}
+}
+
+// publishStrict publishes with the subject's expected last sequence and
+// resolves a mismatch by reading the subject's last message.
+func (r *JetStream) publishStrict(m *nats.Msg, ev event) (bool, error) {
+	id := m.Header.Get(jetstream.MsgIDHeader)
+	expected := r.lastSeq(m.Subject)
+	for range 3 {
+		ack, err := r.publishAsync(m, jetstream.WithExpectLastSequencePerSubject(expected))
+		if err == nil {
+			r.setLastSeq(m.Subject, ack.Sequence)
+			return ack.Duplicate, nil
+		}
+		var apiErr *jetstream.APIError
+		if !errors.As(err, &apiErr) || (apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequence &&
+			apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+			return false, err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.PublishTimeout)
+		last, err := r.stream.GetLastMsgForSubject(ctx, m.Subject)
+		cancel()
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			expected = 0 // the subject was purged
+			continue
+		case err != nil:
+			return false, fmt.Errorf("read the subject's last message: %w", err)
+		}
+		if last.Header.Get(jetstream.MsgIDHeader) == id {
+			r.setLastSeq(m.Subject, last.Sequence)
+			return true, nil // already published
+		}
+		if ev.orderingKey == "" || last.Header.Get(HeaderStream) != ev.stream || last.Header.Get(HeaderOrderingKey) != ev.orderingKey {
+			return false, ErrStrictConflict
+		}
+		if seq, _ := strconv.ParseInt(last.Header.Get(HeaderOrderingSeq), 10, 64); seq >= ev.orderingSeq {
+			return false, fmt.Errorf("%w (a later event of the key is already there)", ErrStrictConflict)
+		}
+		// An earlier event of this key, published by another relay of
+		// the group or before a restart: publish after it.
+		expected = last.Sequence
+		r.setLastSeq(m.Subject, expected)
+	}
+	return false, fmt.Errorf("%w (the subject kept moving)", ErrStrictConflict)
+}
+
+func (r *JetStream) lastSeq(subject string) uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.last[subject] // 0 when unknown: a mismatch reads the real one
+}
+
+func (r *JetStream) setLastSeq(subject string, seq uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.last[subject]; !ok && len(r.last) >= lastCacheSize {
+		clear(r.last)
+	}
+	r.last[subject] = seq
+}

@@ -1,0 +1,360 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/millpond/millpond/internal/testdb"
+	"github.com/millpond/millpond/internal/testnats"
+	"github.com/millpond/millpond/outbox"
+	"github.com/millpond/millpond/relay"
+)
+
+// setup gives a migrated PostgreSQL store, the shared NATS server and a
+// stream of a unique name capturing "<prefix>.>".
+func setup(t *testing.T, window time.Duration) (*outbox.Store, *testdb.Database, *nats.Conn, jetstream.JetStream, jetstream.Stream, string) {
+	t.Helper()
+	db := testdb.New(t, "postgres")
+	store := db.Store(t)
+	nc, js := testnats.Connect(t)
+	prefix := testnats.UniqueName("rt")
+	st := testnats.Stream(t, js, strings.ToUpper(prefix), window, prefix+".>")
+	return store, db, nc, js, st, prefix
+}
+
+func enqueue(t *testing.T, db *testdb.Database, store *outbox.Store, evs ...outbox.Event) {
+	t.Helper()
+	tx, commit, rollback := db.Begin(t)
+	for _, ev := range evs {
+		if _, err := store.Enqueue(context.Background(), tx, ev); err != nil {
+			rollback()
+			t.Fatal(err)
+		}
+	}
+	if err := commit(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// runUntil runs the relay until cond holds (or 20 s), then stops it.
+func runUntil(t *testing.T, run func(context.Context) error, cond func() bool) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			cancel()
+			<-done
+			t.Fatal("condition not met within 20 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+}
+
+func delivered(t *testing.T, db *testdb.Database, n int64) func() bool {
+	return func() bool {
+		return db.Count(t, "SELECT count(*) FROM millpond_outbox WHERE consumer_group = 'relay' AND status = 'delivered'") >= n
+	}
+}
+
+func TestBadConfigurationFailsAtStart(t *testing.T) {
+	store, _, nc, js, st, prefix := setup(t, 2*time.Minute)
+	ctx := context.Background()
+	base := relay.JetStreamConfig{Config: relay.Config{Streams: []string{"s"}}, SubjectPrefix: prefix}
+
+	cfg := base
+	cfg.Stream = "NO_SUCH_STREAM_" + strings.ToUpper(prefix)
+	if _, err := relay.NewJetStream(ctx, store, nc, cfg); !errors.Is(err, relay.ErrStreamNotFound) {
+		t.Errorf("missing stream: %v, want ErrStreamNotFound", err)
+	}
+	cfg = base
+	cfg.SubjectPrefix = prefix + "-uncaptured"
+	if _, err := relay.NewJetStream(ctx, store, nc, cfg); !errors.Is(err, relay.ErrStreamNotFound) {
+		t.Errorf("no stream captures the subjects: %v, want ErrStreamNotFound", err)
+	}
+
+	short := testnats.Stream(t, js, strings.ToUpper(prefix)+"_SHORT", 20*time.Second, prefix+"-short.>")
+	cfg = base
+	cfg.SubjectPrefix = prefix + "-short"
+	_, err := relay.NewJetStream(ctx, store, nc, cfg)
+	if !errors.Is(err, relay.ErrDuplicateWindowTooShort) || !strings.Contains(err.Error(), "at least 50s") {
+		t.Errorf("short window: %v, want ErrDuplicateWindowTooShort naming 50s", err)
+	}
+	cfg.Lease, cfg.MaxBackoff, cfg.PublishTimeout = 5*time.Second, 5*time.Second, 5*time.Second
+	if _, err := relay.NewJetStream(ctx, store, nc, cfg); err != nil {
+		t.Errorf("15 s needed, 20 s window: %v", err)
+	}
+	cfg.Strict = true
+	cfg.Lease = time.Minute
+	if _, err := relay.NewJetStream(ctx, store, nc, cfg); err != nil {
+		t.Errorf("strict mode needs no window: %v", err)
+	}
+	_ = short
+
+	for _, tmpl := range []string{"{prefix}..{kind}", "{prefix}.*.{kind}", "{prefix}.{kind}.>", "{prefix}.{nope}", "{prefix}.a b", "{prefix}.{stream}x", ""} {
+		cfg = base
+		cfg.SubjectTemplate = tmpl
+		if tmpl == "" {
+			cfg.SubjectPrefix = "bad..prefix"
+		}
+		if _, err := relay.NewJetStream(ctx, store, nc, cfg); !errors.Is(err, relay.ErrInvalidSubjectTemplate) {
+			t.Errorf("template %q: %v, want ErrInvalidSubjectTemplate", tmpl, err)
+		}
+	}
+	cfg = base
+	cfg.Strict = true
+	cfg.SubjectTemplate = "{prefix}.{stream}.{kind}"
+	if _, err := relay.NewJetStream(ctx, store, nc, cfg); !errors.Is(err, relay.ErrInvalidSubjectTemplate) {
+		t.Errorf("strict without {ordering_key}: %v, want ErrInvalidSubjectTemplate", err)
+	}
+
+	_, err = relay.Connect("nats://alice:s3cret-pw@127.0.0.1:1", nats.Timeout(time.Second))
+	if !errors.Is(err, relay.ErrUnreachable) || strings.Contains(err.Error(), "s3cret-pw") || strings.Contains(err.Error(), "alice") {
+		t.Errorf("unreachable server: %v, want ErrUnreachable without credentials", err)
+	}
+	closed, _ := testnats.Connect(t)
+	closed.Close()
+	if _, err := relay.NewJetStream(ctx, store, closed, base); !errors.Is(err, relay.ErrUnreachable) {
+		t.Errorf("closed connection: %v, want ErrUnreachable", err)
+	}
+	cfg = base
+	cfg.Streams = nil
+	if _, err := relay.NewJetStream(ctx, store, nc, cfg); !errors.Is(err, relay.ErrInvalidConfig) {
+		t.Errorf("no stream: %v, want ErrInvalidConfig", err)
+	}
+	if r, err := relay.NewJetStream(ctx, store, nc, base); err != nil || r.StreamName() != st.CachedInfo().Config.Name {
+		t.Errorf("good configuration: %v", err)
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"nats://alice:pw@h:4222":             "nats://[REDACTED]@h:4222",
+		"nats://token@h:4222,nats://h2:4222": "nats://[REDACTED]@h:4222,nats://h2:4222",
+		"tls://u:p@h":                        "tls://[REDACTED]@h",
+		"nats://127.0.0.1:4222":              "nats://127.0.0.1:4222",
+		"secret@h:4222":                      "[REDACTED]@h:4222",
+		"nats://u:p%zz@h":                    "[REDACTED]",
+	} {
+		if got := relay.RedactURL(in); got != want {
+			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// TestDuplicatePubAckCountsAsSuccess: the event is already in the stream
+// (a relay crashed after the PubAck); the relay's publish gets a PubAck
+// marked Duplicate and acknowledges the event; the stream keeps one copy.
+func TestDuplicatePubAckCountsAsSuccess(t *testing.T) {
+	store, db, nc, js, st, prefix := setup(t, 2*time.Minute)
+	ctx := context.Background()
+	r, err := relay.NewJetStream(ctx, store, nc, relay.JetStreamConfig{Config: relay.Config{Streams: []string{"s"}}, SubjectPrefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.RegisterGroup(ctx, "s", relay.DefaultGroup); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, db, store, outbox.Event{Stream: "s", Key: "k.3", Kind: "K", Payload: []byte("three")},
+		outbox.Event{Stream: "s", Key: "k.4", Kind: "K", Payload: []byte("four")})
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: prefix + ".s.K", Data: []byte("three"),
+		Header: nats.Header{jetstream.MsgIDHeader: []string{relay.MsgID("s", "k.3")}}}); err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, r.Run, delivered(t, db, 2))
+	if s := r.Stats(); s.Duplicates != 1 || s.Published != 1 {
+		t.Errorf("stats %+v, want 1 published and 1 duplicate", s)
+	}
+	msgs := testnats.Messages(t, st)
+	if len(msgs) != 2 {
+		t.Fatalf("%d messages, want 2 (k.3 once, k.4)", len(msgs))
+	}
+	if got := msgs[1].Header.Get(relay.HeaderKey); got != "k.4" || string(msgs[1].Data) != "four" {
+		t.Errorf("last message is %q %q, want k.4", got, msgs[1].Data)
+	}
+}
+
+// TestStrictMode: with no duplicate window left, an event already on its
+// subject is recognised by reading the subject's last message; a foreign
+// message on the subject is a conflict and the event is not acknowledged.
+func TestStrictMode(t *testing.T) {
+	store, db, nc, js, st, prefix := setup(t, 100*time.Millisecond)
+	ctx := context.Background()
+	if err := store.RegisterGroup(ctx, "s", relay.DefaultGroup); err != nil {
+		t.Fatal(err)
+	}
+	cfg := relay.JetStreamConfig{Config: relay.Config{Streams: []string{"s"}, MaxBackoff: 100 * time.Millisecond}, SubjectPrefix: prefix, Strict: true}
+	subject := func(orderingKey string) string { return prefix + ".s.K." + relay.EncodeToken(orderingKey) }
+
+	// a.1 of key "agg.1" is already there (an earlier relay published it
+	// and died), long past the duplicate window.
+	enqueue(t, db, store,
+		outbox.Event{Stream: "s", Key: "a.1", Kind: "K", Payload: []byte("a1"), OrderingKey: "agg.1"},
+		outbox.Event{Stream: "s", Key: "a.2", Kind: "K", Payload: []byte("a2"), OrderingKey: "agg.1"},
+		outbox.Event{Stream: "s", Key: "u.1", Kind: "K", Payload: []byte("u1")})
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: subject("agg.1"), Data: []byte("a1"), Header: nats.Header{
+		jetstream.MsgIDHeader: []string{relay.MsgID("s", "a.1")}, relay.HeaderStream: []string{"s"},
+		relay.HeaderKey: []string{"a.1"}, relay.HeaderOrderingKey: []string{"agg.1"}, relay.HeaderOrderingSeq: []string{"1"}}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // past the duplicate window
+	r, err := relay.NewJetStream(ctx, store, nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, r.Run, delivered(t, db, 3))
+	if s := r.Stats(); s.Duplicates != 1 || s.Published != 2 || s.Conflicts != 0 {
+		t.Errorf("stats %+v, want 2 published, 1 already published", s)
+	}
+	msgs := testnats.Messages(t, st)
+	if len(msgs) != 3 {
+		t.Fatalf("%d messages, want 3 (a.1 once, a.2, u.1)", len(msgs))
+	}
+	bySubject := map[string][]string{}
+	for _, m := range msgs {
+		bySubject[m.Subject] = append(bySubject[m.Subject], m.Header.Get(relay.HeaderKey))
+	}
+	if got := fmt.Sprint(bySubject[subject("agg.1")]); got != "[a.1 a.2]" {
+		t.Errorf("key agg.1's subject holds %s, want [a.1 a.2]", got)
+	}
+	if got := fmt.Sprint(bySubject[prefix+".s.K."+relay.UnorderedMark+"u~1"]); got != "[u.1]" {
+		t.Errorf("the unordered event's subject holds %s, want [u.1]", got)
+	}
+
+	// Something else writes to the key's subject: the next event is a
+	// conflict, retried and never acknowledged while the foreign message
+	// is the subject's last.
+	if _, err := js.Publish(ctx, subject("agg.1"), []byte("foreign")); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, db, store, outbox.Event{Stream: "s", Key: "a.3", Kind: "K", Payload: []byte("a3"), OrderingKey: "agg.1"})
+	r2, err := relay.NewJetStream(ctx, store, nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, r2.Run, func() bool { return r2.Stats().Conflicts >= 2 })
+	if n := db.Count(t, "SELECT count(*) FROM millpond_outbox WHERE consumer_group = 'relay' AND event_key = 'a.3' AND status <> 'delivered' AND last_error LIKE '%strict mode conflict%'"); n != 1 {
+		t.Errorf("a.3 not held back with the conflict as its last error")
+	}
+	if msgs := testnats.Messages(t, st); len(msgs) != 4 {
+		t.Errorf("%d messages, want 4 (a.3 not published)", len(msgs))
+	}
+}
+
+// TestWatermillRelay relays to Watermill's gochannel at least once, UUID =
+// event key, per-key order, metadata kept.
+func TestWatermillRelay(t *testing.T) {
+	db := testdb.New(t, "postgres")
+	store := db.Store(t)
+	ctx := context.Background()
+	if err := store.RegisterGroup(ctx, "s", relay.DefaultGroup); err != nil {
+		t.Fatal(err)
+	}
+	pubsub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 1000, Persistent: true}, watermill.NopLogger{})
+	defer pubsub.Close()
+	out, err := pubsub.Subscribe(ctx, "topic.s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var evs []outbox.Event
+	for i := range 200 {
+		evs = append(evs, outbox.Event{Stream: "s", Key: fmt.Sprintf("e%d", i), Kind: "K", Payload: fmt.Appendf(nil, "%d", i),
+			OrderingKey: fmt.Sprintf("k%d", i%7), Metadata: map[string]string{"traceparent": "tp"}})
+	}
+	enqueue(t, db, store, evs...)
+	w, err := relay.NewWatermill(store, pubsub, relay.WatermillConfig{Config: relay.Config{Streams: []string{"s"}, Window: 16},
+		Topic: func(s string) string { return "topic." + s }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	lastSeq := map[string]string{}
+	runUntil(t, w.Run, func() bool {
+		for {
+			select {
+			case m := <-out:
+				m.Ack()
+				got[m.UUID]++
+				if m.Metadata.Get("traceparent") != "tp" || m.Metadata.Get(relay.MetadataKey) != m.UUID {
+					t.Errorf("message %s: metadata %v", m.UUID, m.Metadata)
+				}
+				k, seq := m.Metadata.Get(relay.MetadataOrderingKey), m.Metadata.Get(relay.MetadataOrderingSeq)
+				if prev := lastSeq[k]; prev != "" && atoi(seq) != atoi(prev)+1 {
+					t.Errorf("key %s: seq %s after %s", k, seq, prev)
+				}
+				lastSeq[k] = seq
+			default:
+				return len(got) == 200 && delivered(t, db, 200)()
+			}
+		}
+	})
+	for _, ev := range evs {
+		if got[ev.Key] < 1 {
+			t.Errorf("event %s not relayed", ev.Key)
+		}
+	}
+	if w.Stats().Published != 200 {
+		t.Errorf("stats %+v", w.Stats())
+	}
+}
+
+func atoi(s string) int {
+	var n int
+	fmt.Sscanf(s, "%d", &n)
+	return n
+}
+
+// failingPublisher fails the first n publishes.
+type failingPublisher struct {
+	message.Publisher
+	n int
+}
+
+func (f *failingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	if f.n > 0 {
+		f.n--
+		return errors.New("broker down")
+	}
+	return f.Publisher.Publish(topic, msgs...)
+}
+
+// TestWatermillRelayRetries: a failed Publish leaves the event pending; it
+// is relayed on a later attempt (at least once).
+func TestWatermillRelayRetries(t *testing.T) {
+	db := testdb.New(t, "postgres")
+	store := db.Store(t)
+	ctx := context.Background()
+	if err := store.RegisterGroup(ctx, "s", relay.DefaultGroup); err != nil {
+		t.Fatal(err)
+	}
+	pubsub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 10, Persistent: true}, watermill.NopLogger{})
+	defer pubsub.Close()
+	out, _ := pubsub.Subscribe(ctx, "s")
+	enqueue(t, db, store, outbox.Event{Stream: "s", Key: "only", Kind: "K", Payload: []byte("x")})
+	w, err := relay.NewWatermill(store, &failingPublisher{Publisher: pubsub, n: 2},
+		relay.WatermillConfig{Config: relay.Config{Streams: []string{"s"}, Window: 1, MaxBackoff: 50 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, w.Run, delivered(t, db, 1))
+	m := <-out
+	if m.UUID != "only" || w.Stats().Failed != 2 {
+		t.Errorf("uuid %q, stats %+v", m.UUID, w.Stats())
+	}
+}
