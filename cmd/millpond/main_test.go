@@ -277,3 +277,28 @@ func TestPasswordNeverPrintedOnSuccess(t *testing.T) {
 		}
 	}
 }
+
+// millpond relay shows neither the database's nor the NATS server's
+// password: not when the database cannot be reached, not when it opens and
+// NATS cannot be reached.
+func TestRelayNeverPrintsPasswords(t *testing.T) {
+	const dbSecret, natsSecret = "relay-Db-Pw-7781", "relay-Nats-Pw-3390"
+	db := testdb.New(t, "postgres")
+	withPassword, kv := db.WithPassword(t, dbSecret)
+	nats := "nats://relayuser:" + natsSecret + "@127.0.0.1:1"
+	for _, addr := range []string{
+		withPassword, kv,
+		"postgres://admin:" + dbSecret + "@127.0.0.1:1/db?connect_timeout=2",
+	} {
+		code, stdout, stderr := cli(t, nil, "relay", "-db", addr, "-nats", nats, "-stream", "orders", "-subject-prefix", "events")
+		if code == exitOK {
+			t.Errorf("%s: relay ran with an unreachable NATS server", dsn.Redact(addr))
+		}
+		if out := stdout + stderr; strings.Contains(out, dbSecret) || strings.Contains(out, natsSecret) {
+			t.Errorf("%s: output shows a password:\n%s", dsn.Redact(addr), out)
+		}
+		if stderr == "" {
+			t.Errorf("%s: relay failed without a word", dsn.Redact(addr))
+		}
+	}
+}
