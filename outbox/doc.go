@@ -24,4 +24,13 @@
 // the way a new Google Pub/Sub subscription does. Events enqueued to a stream
 // that has no registered group at all go to the default group "" so that
 // nothing is dropped before the first subscriber exists.
+//
+// Telemetry: the store records OpenTelemetry metrics (millpond.* counters,
+// histograms and backlog gauges, the gauges fed by one cached Stats query
+// per interval, see CachedStats) and traces (a producer span per enqueue
+// whose W3C trace context travels in the event's metadata, and a consumer
+// span per handling by a Subscriber, its child) through the providers
+// given with WithMeterProvider, WithTracerProvider and WithPropagator, the
+// global ones by default. Ping and ListenerStatus serve readiness checks.
+// docs/architecture.md lists every instrument, span and attribute.
 package outbox

@@ -303,7 +303,7 @@ func (s *Store) enqueue(ctx context.Context, ex sqlcore.Executor, ev Event) (Enq
 	notify := s.gate.due(ev.Stream)
 	out, err := s.core.Enqueue(ctx, ex, sqlcore.Event(ev), notify)
 	res := Enqueued(out)
-	endSend(span, res, err)
+	endSend(span, err)
 	if err == nil && res.Inserted {
 		s.tel.countEnqueued(ctx, ev.Stream, ev.Kind)
 	}

@@ -46,8 +46,12 @@ const (
 	// AttrEventKind is the event kind.
 	AttrEventKind = attribute.Key("millpond.event.kind")
 	// AttrOutcome is how a handling ended: "ack" or "nack" on
-	// millpond.handler.duration and on the consumer span.
+	// millpond.handler.duration; on the consumer span only when it was not
+	// acked: "nack", or "released"/"timeout" for a message never settled.
 	AttrOutcome = attribute.Key("millpond.outcome")
+	// AttrAttempt is the attempt number of a handling, on the consumer
+	// span (1 for the first).
+	AttrAttempt = attribute.Key("millpond.attempt")
 	// AttrState is a backlog state on millpond.backlog: "pending" (waiting
 	// for its first attempt), "retrying" (waiting for another attempt
 	// after a failure), "processing" (claimed), "blocked" (waiting behind
@@ -255,14 +259,34 @@ func (t *telemetry) startSend(ctx context.Context, ev Event) (context.Context, t
 	return ctx, span, md
 }
 
-// endSend ends an enqueue's producer span.
-func endSend(span trace.Span, res Enqueued, err error) {
+// endSend ends an enqueue's producer span. It does not add the row id
+// (known only now): an attribute set after the start costs every enqueue
+// an attribute merge; the consumer spans carry it.
+func endSend(span trace.Span, err error) {
 	if err != nil {
 		span.SetStatus(codes.Error, "enqueue failed")
-	} else if res.ID != 0 {
-		span.SetAttributes(semconv.MessagingMessageID(strconv.FormatInt(res.ID, 10)))
 	}
 	span.End()
+}
+
+// hasTraceContext tells whether metadata may hold a trace context or
+// baggage for the propagator to extract: any key but those millpond and
+// Watermill set themselves.
+func hasTraceContext(md map[string]string) bool {
+	return len(md) > 0 && !onlyMillpondKeys(md)
+}
+
+// onlyMillpondKeys reports metadata that holds only keys millpond and
+// Watermill set themselves, which no propagator reads.
+func onlyMillpondKeys(md map[string]string) bool {
+	for k := range md {
+		switch k {
+		case MetadataKind, MetadataCQRSName, MetadataEventKey, MetadataOrderingKey:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // subTelemetry is one subscription's share of the store's telemetry: the
@@ -272,6 +296,7 @@ type subTelemetry struct {
 	stream string
 	group  string
 	base   metric.MeasurementOption // stream and group
+	name   string                   // the consumer span's name
 
 	mu    sync.Mutex
 	kinds map[string]*kindTelemetry
@@ -286,7 +311,7 @@ type kindTelemetry struct {
 }
 
 func (t *telemetry) forSubscription(stream, group string) *subTelemetry {
-	return &subTelemetry{t: t, stream: stream, group: group,
+	return &subTelemetry{t: t, stream: stream, group: group, name: "process " + stream,
 		base:  metric.WithAttributeSet(attribute.NewSet(systemAttr, semconv.MessagingDestinationName(stream), semconv.MessagingConsumerGroupName(group))),
 		kinds: map[string]*kindTelemetry{}}
 }
@@ -349,19 +374,20 @@ type handling struct {
 }
 
 // startProcess starts the consumer span of one handling, as a child of the
-// producer's span context carried in the event's metadata (and linked to
-// it), unless ctx already carries a span (then that is the parent and the
-// producer's is linked). It returns the context for the message.
+// producer's span context carried in the event's metadata, unless ctx
+// already carries a span: then that is the parent and the producer's span
+// is linked. It returns the context for the message.
 func (st *subTelemetry) startProcess(ctx context.Context, c Claimed) (context.Context, *handling) {
 	k := st.kind(c.Kind)
 	h := &handling{st: st, kind: k}
 	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
-	if len(c.Metadata) > 0 {
+	if hasTraceContext(c.Metadata) {
 		produced := st.t.prop().Extract(context.Background(), propagation.MapCarrier(c.Metadata))
 		if sc := trace.SpanContextFromContext(produced); sc.IsValid() {
-			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
 			if !trace.SpanContextFromContext(ctx).IsValid() {
 				ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
+			} else {
+				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
 			}
 		}
 		if b := baggage.FromContext(produced); b.Len() > 0 {
@@ -369,9 +395,9 @@ func (st *subTelemetry) startProcess(ctx context.Context, c Claimed) (context.Co
 		}
 	}
 	attrs := append(make([]attribute.KeyValue, 0, len(k.span)+2), k.span...)
-	attrs = append(attrs, semconv.MessagingMessageID(strconv.FormatInt(c.ID, 10)), attribute.Int("millpond.attempt", c.Attempts))
+	attrs = append(attrs, semconv.MessagingMessageID(strconv.FormatInt(c.ID, 10)), AttrAttempt.Int(c.Attempts))
 	opts = append(opts, trace.WithAttributes(attrs...))
-	ctx, h.span = st.t.tracer.Start(ctx, "process "+st.stream, opts...)
+	ctx, h.span = st.t.tracer.Start(ctx, st.name, opts...)
 	return ctx, h
 }
 
@@ -388,8 +414,9 @@ func (h *handling) handedOut(ctx context.Context, created time.Time) {
 func (h *handling) settled(ctx context.Context, acked bool) {
 	d := time.Since(h.start).Seconds()
 	if acked {
+		// An acked span keeps the status Unset (OK): no attribute is set,
+		// which would cost every handling an attribute merge.
 		h.st.t.handlerTime.Record(ctx, d, h.kind.ack)
-		h.span.SetAttributes(AttrOutcome.String("ack"))
 	} else {
 		h.st.t.handlerTime.Record(ctx, d, h.kind.nack)
 		h.span.SetAttributes(AttrOutcome.String("nack"))

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -92,7 +93,9 @@ func telemetryRound(tb testing.TB, db *testdb.Database, store *outbox.Store, str
 // span sampled and batched to a discarding exporter, metrics aggregated and
 // collected every 100 ms by a periodic reader with a discarding exporter),
 // interleaved, b.N pairs of rounds, and reports the on/off throughput
-// ratios of delivery and enqueue (median of the pairs). Run it with
+// ratios of delivery and enqueue (median of the pairs);
+// MILLPOND_TELEMETRY_BENCH_ON=metrics or traces turns on only one of them.
+// Run it with
 //
 //	MILLPOND_TELEMETRY_BENCH_EVENTS=2000 go test -run '^$' -bench TelemetryOverhead -benchtime 5x ./tests/
 func BenchmarkTelemetryOverhead(b *testing.B) {
@@ -112,7 +115,16 @@ func BenchmarkTelemetryOverhead(b *testing.B) {
 		_ = mp.Shutdown(context.Background())
 		_ = tp.Shutdown(context.Background())
 	})
-	on := db.Store(b, outbox.WithMeterProvider(mp), outbox.WithTracerProvider(tp), outbox.WithPropagator(w3c), outbox.WithStatsInterval(time.Second))
+	onOpts := []outbox.Option{outbox.WithMeterProvider(mp), outbox.WithTracerProvider(tp), outbox.WithPropagator(w3c), outbox.WithStatsInterval(time.Second)}
+	switch os.Getenv("MILLPOND_TELEMETRY_BENCH_ON") { // to tell the costs apart
+	case "metrics":
+		onOpts = append(onOpts, outbox.WithTracerProvider(tracenoop.NewTracerProvider()))
+	case "traces":
+		onOpts = append(onOpts, outbox.WithMeterProvider(metricnoop.NewMeterProvider()))
+	case "spans": // traces without the trace context in the metadata
+		onOpts = append(onOpts, outbox.WithMeterProvider(metricnoop.NewMeterProvider()), outbox.WithPropagator(propagation.NewCompositeTextMapPropagator()))
+	}
+	on := db.Store(b, onOpts...)
 	var deliverRatios, enqueueRatios []float64
 	var offDeliver, onDeliver time.Duration
 	b.ResetTimer()
