@@ -10,6 +10,7 @@
 //	go run . -db mysql://root@127.0.0.1:3306/test -out results-mysql.md
 //	go run . -db sqlite:bench.db -out results-sqlite.md
 //	go run . -enqueue-breakdown -events 28000 -out enqueue-breakdown.md
+//	go run . -claim-cost -out claim-cost.md
 package main
 
 import (
@@ -39,6 +40,9 @@ type config struct {
 	out            string
 	phaseTimeout   time.Duration
 	breakdown      bool
+	claimCost      bool
+	claimEvents    int
+	claimKeys      int
 	fanoutEvents   int
 	fanoutRuns     int
 	dialect        string
@@ -65,6 +69,10 @@ func main() {
 	flag.DurationVar(&cfg.phaseTimeout, "phase-timeout", 5*time.Minute, "give up on a delivery or latency phase after this long")
 	flag.BoolVar(&cfg.breakdown, "enqueue-breakdown", false,
 		"instead of the systems, measure what each duty of millpond's enqueue statement costs against the raw INSERT")
+	flag.BoolVar(&cfg.claimCost, "claim-cost", false,
+		"instead of the systems, time claims on streams holding backlogs blocked behind ordering keys")
+	flag.IntVar(&cfg.claimEvents, "claim-events", 100_000, "events of the ordered claim-cost stream")
+	flag.IntVar(&cfg.claimKeys, "claim-keys", 1000, "ordering keys of the ordered claim-cost stream")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -134,6 +142,9 @@ func (c config) validate() error {
 			return fmt.Errorf("system %q does not run on %s", s, c.dialect)
 		}
 	}
+	if c.claimCost && (c.claimEvents < 1 || c.claimKeys < 1) {
+		return fmt.Errorf("-claim-events and -claim-keys must be positive")
+	}
 	if c.breakdown && c.dialect != dialectPostgres {
 		return fmt.Errorf("-enqueue-breakdown is implemented for PostgreSQL only")
 	}
@@ -159,6 +170,9 @@ func run(ctx context.Context, cfg config) error {
 
 	if cfg.breakdown {
 		return runBreakdown(ctx, db, cfg, env)
+	}
+	if cfg.claimCost {
+		return runClaimCost(ctx, db, cfg, env)
 	}
 	rep := report{cfg: cfg, env: env, dialect: db.dialect, started: time.Now()}
 	for _, name := range cfg.systems {
