@@ -76,9 +76,9 @@ func runClaimCost(ctx context.Context, db *database, cfg config, env string) err
 	}
 	var results []measured
 	for _, sc := range scenarios {
-		req := outbox.ClaimRequest{Stream: sc.stream, Worker: "claims", Limit: claimBatch, Lease: time.Minute, MaxAttempts: 1000}
+		req := outbox.ClaimRequest{Stream: sc.stream, Worker: "claims", Limit: claimBatch, Lease: time.Minute, MaxAttempts: 100}
 		if sc.head {
-			if got, err := store.Claim(ctx, outbox.ClaimRequest{Stream: sc.stream, Worker: "head", Limit: claimBatch, Lease: time.Hour, MaxAttempts: 1000}); err != nil || len(got) != 1 {
+			if got, err := store.Claim(ctx, outbox.ClaimRequest{Stream: sc.stream, Worker: "head", Limit: claimBatch, Lease: time.Hour, MaxAttempts: 100}); err != nil || len(got) != 1 {
 				return fmt.Errorf("claim cost: %s: claimed %d heads (%v), want 1", sc.stream, len(got), err)
 			}
 		}

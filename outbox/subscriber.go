@@ -250,6 +250,7 @@ type subscription struct {
 	mu      sync.Mutex
 	held    map[int64]Receipt    // every claimed, unsettled event (for lease extension)
 	settled map[int64]settlement // held events acknowledged, not yet forgotten
+	ordered map[int64]bool       // held events with an ordering key
 }
 
 // settlement is how a held event was acknowledged.
@@ -311,6 +312,7 @@ func newSubscription(ctx context.Context, s *Subscriber, topic string) *subscrip
 		logger:  s.config.Logger.With(watermill.LogFields{"topic": topic, "consumer_group": s.config.ConsumerGroup}),
 		held:    map[int64]Receipt{},
 		settled: map[int64]settlement{},
+		ordered: map[int64]bool{},
 	}
 }
 
@@ -402,6 +404,9 @@ func (sub *subscription) claimLoop() {
 		sub.mu.Lock()
 		for _, c := range claimed {
 			sub.held[c.ID] = c.Receipt()
+			if c.OrderingKey != "" {
+				sub.ordered[c.ID] = true
+			}
 		}
 		sub.mu.Unlock()
 		for _, c := range claimed {
@@ -570,6 +575,7 @@ func (sub *subscription) forget(rs ...Receipt) {
 		if held, ok := sub.held[r.ID]; ok && held.ClaimKey == r.ClaimKey {
 			delete(sub.held, r.ID)
 			delete(sub.settled, r.ID)
+			delete(sub.ordered, r.ID)
 		}
 	}
 	sub.mu.Unlock()
@@ -706,6 +712,12 @@ func (sub *subscription) ackLoop() {
 
 func (sub *subscription) flushAcks(batch []Receipt) {
 	defer sub.forget(batch...)
+	sub.mu.Lock()
+	ordered := false
+	for _, r := range batch {
+		ordered = ordered || sub.ordered[r.ID]
+	}
+	sub.mu.Unlock()
 	var stale []Receipt
 	err := retry(nil, sub.cfg.Lease/2, func() error {
 		var err error
@@ -720,6 +732,12 @@ func (sub *subscription) flushAcks(batch []Receipt) {
 	}
 	if len(stale) > 0 {
 		sub.logger.Info("Acked events had lost their leases and may be delivered again", watermill.LogFields{"events": len(stale)})
+	}
+	if ordered {
+		// The acknowledgement made the next events of their keys
+		// claimable: wake this process's subscriptions of the stream
+		// rather than leave them to their poll interval.
+		sub.store.wake.notify(sub.topic)
 	}
 }
 

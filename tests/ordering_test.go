@@ -1,6 +1,8 @@
 package tests
 
 import (
+	"github.com/ThreeDotsLabs/watermill/message"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -43,6 +45,7 @@ var orderingCases = []conformanceCase{
 	{name: "RacingProducersOfOneKeyCommitInSequenceOrder", dbClock: true, run: testRacingProducers},
 	{name: "RolledBackProducerLeavesNoGap", run: testRollbackNoGap},
 	{name: "AckWaitingOnAProducerPromotesItsEvent", run: testAckWaitsForProducer},
+	{name: "SubscriberClaimsThePromotedEventAtOnce", dbClock: true, run: testSubscriberWakesAfterOrderedAck},
 	{name: "IdempotentReEnqueueChangesNothing", run: testOrderedIdempotent},
 	{name: "ClaimsDoNotWalkABlockedBacklog", dbClock: true, run: testClaimsSkipBlockedBacklog},
 	{name: "UnorderedEventsAreUnaffected", run: testUnorderedUnaffected},
@@ -669,6 +672,47 @@ func testAckWaitsForProducer(t *testing.T, e *env) {
 		if _, unsettled := e.keyState("s", "", okey); unsettled != 0 {
 			t.Fatalf("key %s counts %d unsettled events", okey, unsettled)
 		}
+	}
+}
+
+// testSubscriberWakesAfterOrderedAck: a Subscriber whose claims came back
+// empty for a while (its poll backoff grown to seconds, PollInterval 30 s)
+// gets the next event of a key as soon as it acknowledged the previous
+// one: the acknowledgement made it claimable and wakes the subscription.
+func testSubscriberWakesAfterOrderedAck(t *testing.T, e *env) {
+	e.enqueue(ordered("s", "k1", "k"))
+	e.enqueue(ordered("s", "k2", "k"))
+	sub, err := outbox.NewSubscriber(e.s, outbox.SubscriberConfig{PollInterval: 30 * time.Second, MaxInFlight: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	msgs, err := sub.Subscribe(e.ctx, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var first *message.Message
+	select {
+	case first = <-msgs:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the head was not delivered")
+	}
+	// Let the claim loop's empty polls back off (1 ms doubling: the poll
+	// after 3 s comes about 4 s after the claim).
+	time.Sleep(3 * time.Second)
+	acked := time.Now()
+	first.Ack()
+	select {
+	case second := <-msgs:
+		if gap := time.Since(acked); gap > 700*time.Millisecond {
+			t.Fatalf("the next event of the key came %s after the ack, want at once", gap)
+		}
+		if second.Metadata.Get(outbox.MetadataOrderingSeq) != "2" {
+			t.Fatalf("got sequence %s, want 2", second.Metadata.Get(outbox.MetadataOrderingSeq))
+		}
+		second.Ack()
+	case <-time.After(10 * time.Second):
+		t.Fatal("the next event of the key was not delivered")
 	}
 }
 
