@@ -200,6 +200,17 @@ func (d *database) checkpoint(ctx context.Context) error {
 	return nil
 }
 
+// analyze refreshes the planner's statistics of millpond's tables.
+func (d *database) analyze(ctx context.Context) error {
+	switch d.dialect {
+	case dialectPostgres:
+		return d.exec(ctx, `ANALYZE millpond_outbox, millpond_ordering`)
+	case dialectMySQL:
+		return d.exec(ctx, `ANALYZE TABLE millpond_outbox, millpond_ordering`)
+	}
+	return d.exec(ctx, `ANALYZE`)
+}
+
 // tableBytes is the on-disk size of the tables with their indexes:
 // pg_total_relation_size on PostgreSQL, data_length + index_length after
 // ANALYZE TABLE on MySQL/MariaDB, the pages dbstat counts on SQLite.

@@ -10,6 +10,7 @@
 //	go run . -db mysql://root@127.0.0.1:3306/test -out results-mysql.md
 //	go run . -db sqlite:bench.db -out results-sqlite.md
 //	go run . -enqueue-breakdown -events 28000 -out enqueue-breakdown.md
+//	go run . -claim-cost -out claim-cost.md
 package main
 
 import (
@@ -42,6 +43,9 @@ type config struct {
 	relay          bool
 	natsURL        string
 	relayRuns      int
+	claimCost      bool
+	claimEvents    int
+	claimKeys      int
 	fanoutEvents   int
 	fanoutRuns     int
 	dialect        string
@@ -72,6 +76,10 @@ func main() {
 		"measure relaying to NATS JetStream instead: millpond's relay, Watermill's forwarder, a bare async publish loop (PostgreSQL)")
 	flag.StringVar(&cfg.natsURL, "nats", "nats://127.0.0.1:4222", "NATS JetStream server for -relay")
 	flag.IntVar(&cfg.relayRuns, "relay-runs", 3, "interleaved runs per system in -relay mode")
+	flag.BoolVar(&cfg.claimCost, "claim-cost", false,
+		"instead of the systems, time claims on streams holding backlogs blocked behind ordering keys")
+	flag.IntVar(&cfg.claimEvents, "claim-events", 100_000, "events of the ordered claim-cost stream")
+	flag.IntVar(&cfg.claimKeys, "claim-keys", 1000, "ordering keys of the ordered claim-cost stream")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -144,6 +152,9 @@ func (c config) validate() error {
 	if c.relay && (c.dialect != dialectPostgres || c.relayRuns < 1) {
 		return fmt.Errorf("-relay is implemented for PostgreSQL only, with -relay-runs ≥ 1")
 	}
+	if c.claimCost && (c.claimEvents < 1 || c.claimKeys < 1) {
+		return fmt.Errorf("-claim-events and -claim-keys must be positive")
+	}
 	if c.breakdown && c.dialect != dialectPostgres {
 		return fmt.Errorf("-enqueue-breakdown is implemented for PostgreSQL only")
 	}
@@ -172,6 +183,9 @@ func run(ctx context.Context, cfg config) error {
 	}
 	if cfg.relay {
 		return runRelayBench(ctx, db, cfg, env)
+	}
+	if cfg.claimCost {
+		return runClaimCost(ctx, db, cfg, env)
 	}
 	rep := report{cfg: cfg, env: env, dialect: db.dialect, started: time.Now()}
 	for _, name := range cfg.systems {

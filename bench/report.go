@@ -429,12 +429,44 @@ func (r report) targets(b *strings.Builder, sums []*summary) {
 			add("(for information) delivery with %d groups and %d-byte payloads against watermill-sql: %.2fx", fanoutDeliveryGroups, fanoutPayload, mpRate/wmRate)
 		}
 	}
+	lines = append(lines, r.orderingTargets(sums, check)...)
 	if len(lines) == 0 {
 		return
 	}
-	fmt.Fprintf(b, "## Targets (issue 14), ratios within this run\n\n")
+	fmt.Fprintf(b, "## Targets (issues 14 and 11), ratios within this run\n\n")
 	for _, l := range lines {
 		fmt.Fprintf(b, "- %s\n", l)
 	}
 	b.WriteString("\n")
+}
+
+// orderingTargets compares the ordered systems with the bare Subscriber of
+// the same run (issue 11): delivery over 1,000 keys ≥ 0.7×, over 10 keys
+// reported; enqueue with an ordering key ≤ 1.15× enqueue without (the
+// ratio of the two enqueue costs against the raw INSERT).
+func (r report) orderingTargets(sums []*summary, check func(bool) string) []string {
+	mp := find(sums, "millpond")
+	if mp == nil {
+		return nil
+	}
+	var lines []string
+	for _, name := range []string{"millpond-ordered-1000", "millpond-ordered-10"} {
+		o := find(sums, name)
+		if o == nil {
+			continue
+		}
+		if o.deliver > 0 && mp.deliver > 0 {
+			x := o.deliver / mp.deliver
+			if name == "millpond-ordered-1000" {
+				lines = append(lines, fmt.Sprintf("`%s` delivery ≥ 0.7× unordered (`millpond`): %.2fx (%.0f against %.0f ev/s), %s", name, x, o.deliver, mp.deliver, check(x >= 0.7)))
+			} else {
+				lines = append(lines, fmt.Sprintf("(for information) `%s` delivery against unordered (`millpond`): %.2fx (%.0f against %.0f ev/s)", name, x, o.deliver, mp.deliver))
+			}
+		}
+		if o.enqueueRate > 0 && mp.enqueueRate > 0 {
+			x := o.enqueueCost / mp.enqueueCost
+			lines = append(lines, fmt.Sprintf("`%s` enqueue ≤ 1.15× enqueue without an ordering key: %.2fx raw INSERT against %.2fx = %.2fx, %s", name, o.enqueueCost, mp.enqueueCost, x, check(x <= 1.15)))
+		}
+	}
+	return lines
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/google/uuid"
 
@@ -52,6 +53,20 @@ func init() {
 		dialects: allDialects,
 		new:      func(o Options) System { return &millpondSystem{workers: o.Workers, bus: true} },
 	})
+	for i, keys := range []int{1000, 10} {
+		register(systemInfo{
+			name:  fmt.Sprintf("millpond-ordered-%d", keys),
+			label: fmt.Sprintf("millpond, bare Subscriber, ordering keys over %d keys (batch 1000, 8 in flight)", keys),
+			notes: fmt.Sprintf("as millpond, every event with an ordering key, the n-th event's key being n mod %d: "+
+				"each key's events are handed out one at a time, in commit order", keys),
+			order:    5 + i,
+			dialects: allDialects,
+			extra:    true,
+			new: func(o Options) System {
+				return &millpondSystem{workers: o.Workers, batch: 1000, inFlight: o.Workers, orderKeys: keys}
+			},
+		})
+	}
 	register(systemInfo{
 		name:    "millpond-1m",
 		label:   "millpond, bare Subscriber, 1,000,000 delivered rows in the table",
@@ -85,6 +100,10 @@ type millpondSystem struct {
 	batch    int
 	inFlight int
 	bus      bool
+	// orderKeys > 0 gives the events ordering keys, round robin over
+	// this many keys.
+	orderKeys int
+	enqueued  atomic.Int64
 
 	db    *database
 	store *outbox.Store
@@ -108,7 +127,7 @@ func (s *millpondSystem) Setup(ctx context.Context, db *database) error {
 }
 
 func (s *millpondSystem) Reset(ctx context.Context) error {
-	if err := s.db.truncate(ctx, "millpond_outbox", "millpond_subscriptions"); err != nil {
+	if err := s.db.truncate(ctx, "millpond_outbox", "millpond_subscriptions", "millpond_ordering"); err != nil {
 		return err
 	}
 	if !s.bus {
@@ -142,9 +161,11 @@ func (s *millpondSystem) Prefill(ctx context.Context, n int) error {
 }
 
 func (s *millpondSystem) Enqueue(ctx context.Context, tx *benchTx, payload []byte) error {
-	_, err := s.store.Enqueue(ctx, tx.outbox(), outbox.Event{
-		Stream: millpondStream, Key: uuid.NewString(), Kind: millpondKind, Payload: payload,
-	})
+	ev := outbox.Event{Stream: millpondStream, Key: uuid.NewString(), Kind: millpondKind, Payload: payload}
+	if s.orderKeys > 0 {
+		ev.OrderingKey = fmt.Sprintf("k%05d", (s.enqueued.Add(1)-1)%int64(s.orderKeys))
+	}
+	_, err := s.store.Enqueue(ctx, tx.outbox(), ev)
 	return err
 }
 

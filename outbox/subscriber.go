@@ -251,6 +251,7 @@ type subscription struct {
 	held    map[int64]Receipt    // every claimed, unsettled event (for lease extension)
 	settled map[int64]settlement // held events acknowledged, not yet forgotten
 	kinds   map[int64]string     // the kind of each held event, for metrics
+	ordered map[int64]bool       // held events with an ordering key
 
 	tel *subTelemetry
 }
@@ -317,6 +318,7 @@ func newSubscription(ctx context.Context, s *Subscriber, topic string) *subscrip
 		settled: map[int64]settlement{},
 		kinds:   map[int64]string{},
 		tel:     s.store.tel.forSubscription(topic, s.config.ConsumerGroup),
+		ordered: map[int64]bool{},
 	}
 }
 
@@ -410,6 +412,9 @@ func (sub *subscription) claimLoop() {
 		for _, c := range claimed {
 			sub.held[c.ID] = c.Receipt()
 			sub.kinds[c.ID] = c.Kind
+			if c.OrderingKey != "" {
+				sub.ordered[c.ID] = true
+			}
 		}
 		sub.mu.Unlock()
 		for _, c := range claimed {
@@ -591,6 +596,7 @@ func (sub *subscription) forget(rs ...Receipt) {
 			delete(sub.held, r.ID)
 			delete(sub.settled, r.ID)
 			delete(sub.kinds, r.ID)
+			delete(sub.ordered, r.ID)
 		}
 	}
 	sub.mu.Unlock()
@@ -730,6 +736,12 @@ func (sub *subscription) ackLoop() {
 
 func (sub *subscription) flushAcks(batch []Receipt) {
 	defer sub.forget(batch...)
+	sub.mu.Lock()
+	ordered := false
+	for _, r := range batch {
+		ordered = ordered || sub.ordered[r.ID]
+	}
+	sub.mu.Unlock()
 	var stale []Receipt
 	err := retry(nil, sub.cfg.Lease/2, func() error {
 		var err error
@@ -744,6 +756,12 @@ func (sub *subscription) flushAcks(batch []Receipt) {
 	}
 	if len(stale) > 0 {
 		sub.logger.Info("Acked events had lost their leases and may be delivered again", watermill.LogFields{"events": len(stale)})
+	}
+	if ordered {
+		// The acknowledgement made the next events of their keys
+		// claimable: wake this process's subscriptions of the stream
+		// rather than leave them to their poll interval.
+		sub.store.wake.notify(sub.topic)
 	}
 	sub.countAcks(batch, stale)
 }

@@ -1,6 +1,8 @@
 package tests
 
 import (
+	"github.com/ThreeDotsLabs/watermill/message"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -42,6 +44,8 @@ var orderingCases = []conformanceCase{
 	{name: "ExpiredLeaseRedeliversTheSameHead", run: testExpiredLeaseSameHead},
 	{name: "RacingProducersOfOneKeyCommitInSequenceOrder", dbClock: true, run: testRacingProducers},
 	{name: "RolledBackProducerLeavesNoGap", run: testRollbackNoGap},
+	{name: "AckWaitingOnAProducerPromotesItsEvent", run: testAckWaitsForProducer},
+	{name: "SubscriberClaimsThePromotedEventAtOnce", dbClock: true, run: testSubscriberWakesAfterOrderedAck},
 	{name: "IdempotentReEnqueueChangesNothing", run: testOrderedIdempotent},
 	{name: "ClaimsDoNotWalkABlockedBacklog", dbClock: true, run: testClaimsSkipBlockedBacklog},
 	{name: "UnorderedEventsAreUnaffected", run: testUnorderedUnaffected},
@@ -596,6 +600,138 @@ WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO LIKE 'INSERT INTO millp
 	for e.count(query) == 0 {
 		if time.Now().After(deadline) {
 			e.t.Fatal("the second producer never waited on the first's key lock")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// testAckWaitsForProducer: an acknowledgement batch settles the heads of
+// several keys while a producer of one of them holds its key row (its event
+// inserted blocked, not committed). The acknowledgement waits for the
+// producer; once it commits, that event is the key's head, claimable, and
+// the other keys' next events are too. A producer that rolls back instead
+// leaves its key idle: the next event is inserted pending.
+func testAckWaitsForProducer(t *testing.T, e *env) {
+	for _, okey := range []string{"a", "b", "c"} {
+		e.enqueue(ordered("s", okey+"1", okey))
+	}
+	e.enqueue(ordered("s", "c2", "c"))
+	req := claimReq("s", 100, time.Minute, 3)
+	for round, commitProducer := range []bool{true, false} {
+		heads := e.claimKeys(req, 100)
+		wantHeads := []string{"a1", "b1", "c1"}
+		if round == 1 {
+			wantHeads = []string{"a2", "c2"}
+		}
+		if strings.Join(keysOf(heads), ",") != strings.Join(wantHeads, ",") {
+			t.Fatalf("round %d: claimed %v, want %v", round, keysOf(heads), wantHeads)
+		}
+		tx, commit, rollback := e.db.Begin(t)
+		producer := fmt.Sprintf("a%d", round+2)
+		if _, err := e.s.Enqueue(e.ctx, tx, ordered("s", producer, "a")); err != nil {
+			rollback()
+			t.Fatal(err)
+		}
+		var rs []outbox.Receipt
+		for _, c := range heads {
+			rs = append(rs, c.Receipt())
+		}
+		acked := make(chan error, 1)
+		go func() {
+			stale, err := e.s.AcknowledgeBatch(e.ctx, rs)
+			if err == nil && len(stale) > 0 {
+				err = fmt.Errorf("%d receipts stale", len(stale))
+			}
+			acked <- err
+		}()
+		e.waitForAckLockWait()
+		select {
+		case err := <-acked:
+			t.Fatalf("round %d: the acknowledgement finished while the producer held its key: %v", round, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+		if commitProducer {
+			if err := commit(); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			rollback()
+		}
+		if err := <-acked; err != nil {
+			t.Fatalf("round %d: acknowledge: %v", round, err)
+		}
+	}
+	// Round 1 rolled a3 back: key a is idle, a new event is its head.
+	if seq, unsettled := e.keyState("s", "", "a"); seq != 2 || unsettled != 0 {
+		t.Fatalf("key a: last_seq %d unsettled %d, want 2 0", seq, unsettled)
+	}
+	e.enqueue(ordered("s", "a3", "a"))
+	got := e.expectClaimed(req, "a3")
+	e.ack(got["a3"])
+	for _, okey := range []string{"a", "b", "c"} {
+		if _, unsettled := e.keyState("s", "", okey); unsettled != 0 {
+			t.Fatalf("key %s counts %d unsettled events", okey, unsettled)
+		}
+	}
+}
+
+// testSubscriberWakesAfterOrderedAck: a Subscriber whose claims came back
+// empty for a while (its poll backoff grown to seconds, PollInterval 30 s)
+// gets the next event of a key as soon as it acknowledged the previous
+// one: the acknowledgement made it claimable and wakes the subscription.
+func testSubscriberWakesAfterOrderedAck(t *testing.T, e *env) {
+	e.enqueue(ordered("s", "k1", "k"))
+	e.enqueue(ordered("s", "k2", "k"))
+	sub, err := outbox.NewSubscriber(e.s, outbox.SubscriberConfig{PollInterval: 30 * time.Second, MaxInFlight: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	msgs, err := sub.Subscribe(e.ctx, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var first *message.Message
+	select {
+	case first = <-msgs:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the head was not delivered")
+	}
+	// Let the claim loop's empty polls back off (1 ms doubling: the poll
+	// after 3 s comes about 4 s after the claim).
+	time.Sleep(3 * time.Second)
+	acked := time.Now()
+	first.Ack()
+	select {
+	case second := <-msgs:
+		if gap := time.Since(acked); gap > 700*time.Millisecond {
+			t.Fatalf("the next event of the key came %s after the ack, want at once", gap)
+		}
+		if second.Metadata.Get(outbox.MetadataOrderingSeq) != "2" {
+			t.Fatalf("got sequence %s, want 2", second.Metadata.Get(outbox.MetadataOrderingSeq))
+		}
+		second.Ack()
+	case <-time.After(10 * time.Second):
+		t.Fatal("the next event of the key was not delivered")
+	}
+}
+
+// waitForAckLockWait returns once a transaction of this test's database
+// waits on a lock (PostgreSQL); on MySQL, where the acknowledgement may wait
+// inside InnoDB before it shows as a lock wait, and on SQLite, where it waits
+// for the one writer, it gives the acknowledgement a moment (the caller then
+// checks that it has not finished).
+func (e *env) waitForAckLockWait() {
+	e.t.Helper()
+	if e.db.Dialect != "postgres" {
+		time.Sleep(300 * time.Millisecond)
+		return
+	}
+	query := "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+	deadline := time.Now().Add(10 * time.Second)
+	for e.count(query) == 0 {
+		if time.Now().After(deadline) {
+			e.t.Fatal("the acknowledgement never waited on the producer's key lock")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

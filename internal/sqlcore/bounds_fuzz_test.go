@@ -282,7 +282,7 @@ func TestStatementsBindEveryParameter(t *testing.T) {
 	known := map[string]bool{}
 	for _, n := range []string{"now", "stream", "group", "key", "kind", "payload", "metadata", "hash", "delay", "worker",
 		"limit", "max", "lease", "ids", "keys", "id", "reason", "all_groups", "after", "horizon", "expires",
-		"hold", "okey", "seq", "status", "head"} {
+		"hold", "okey", "seq", "status", "head", "streams", "groups", "okeys"} {
 		known[n] = true
 	}
 	for _, d := range []Dialect{Postgres, MySQL, SQLite} {
@@ -294,8 +294,8 @@ func TestStatementsBindEveryParameter(t *testing.T) {
 			"register": s.register, "unregister": s.unregister, "now": s.now,
 			"enqueueOrdered": s.enqueueOrdered, "enqueueOrderedNotify": s.enqueueOrderedNotify, "orderedGroups": s.orderedGroups,
 			"bumpKey": s.bumpKey, "keyState": s.keyState, "insertOrdered": s.insertOrdered, "unbumpKey": s.unbumpKey,
-			"ackOrdered": s.ackOrdered, "failSkip": s.failSkip, "releaseKey": s.releaseKey, "keyUnsettled": s.keyUnsettled,
-			"promote": s.promote, "orderedDead": s.orderedDead, "requeueHead": s.requeueHead, "rejoinKey": s.rejoinKey,
+			"ackOrdered": s.ackOrdered, "failSkip": s.failSkip, "releaseKeys": s.releaseKeys, "keyUnsettled": s.keyUnsettled,
+			"promoteKeys": s.promoteKeys, "nextBlocked": s.nextBlocked, "promoteIDs": s.promoteIDs, "orderedDead": s.orderedDead, "requeueHead": s.requeueHead, "rejoinKey": s.rejoinKey,
 			"requeueRejoined": s.requeueRejoined, "deadOrdering": s.deadOrdering,
 		} {
 			for _, n := range q.names {

@@ -445,9 +445,12 @@ func (c *Core) AcknowledgeBatch(ctx context.Context, rs []Receipt) (stale []Rece
 		})
 	} else {
 		// Events without an ordering key are acknowledged in one statement,
-		// as before ordering keys existed; the others (and stale receipts,
-		// which change nothing) in a transaction that also promotes the
-		// next event of each key.
+		// as before ordering keys existed. On PostgreSQL that statement
+		// also settles events with one, counts them off their keys and
+		// promotes each key's next event, unless a producer of the key
+		// committed while it waited for the key's row; those (and stale
+		// receipts, which change nothing) are settled in a transaction
+		// whose promotion is a later statement, on SQLite all of them.
 		err = c.retryConflicts(ctx, "acknowledge", func() error {
 			var err error
 			settled, err = c.ack(ctx, c.db, rs)

@@ -220,17 +220,22 @@ func scanSettledRows(rows Rows) (map[int64]bool, []orderKey, error) {
 // PostgreSQL and SQLite; MySQL's ack does both.
 func (c *Core) ackOrderedRows(ctx context.Context, ex Executor, rs []Receipt) (map[int64]bool, error) {
 	q := c.stmts.ackOrdered
-	var text string
-	var args []any
 	if c.dialect == Postgres {
+		// One statement settles the rows and counts them off their keys;
+		// a second promotes.
 		ids, keys := splitReceipts(rs)
-		text, args = q.text, q.args(map[string]any{"ids": ids, "keys": keys, "now": c.nowArg()})
-	} else {
-		var extra []any
-		text, extra = expandPairs(c.dialect, q.text, rs)
-		args = append(q.args(map[string]any{"now": c.nowArg()}), extra...)
+		rows, err := ex.QueryContext(ctx, q.text, q.args(map[string]any{"ids": ids, "keys": keys, "now": c.nowArg()})...)
+		if err != nil {
+			return nil, err
+		}
+		done, waiting, err := scanAckedOrdered(rows)
+		if err != nil {
+			return nil, err
+		}
+		return done, c.promoteKeys(ctx, ex, waiting)
 	}
-	rows, err := ex.QueryContext(ctx, text, args...)
+	text, extra := expandPairs(c.dialect, q.text, rs)
+	rows, err := ex.QueryContext(ctx, text, append(q.args(map[string]any{"now": c.nowArg()}), extra...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -241,40 +246,151 @@ func (c *Core) ackOrderedRows(ctx context.Context, ex Executor, rs []Receipt) (m
 	return done, c.releaseKeys(ctx, ex, keys)
 }
 
+// scanAckedOrdered reads PostgreSQL's ackOrdered: settled ids (id > 0) and
+// the keys that still have unsettled events (id 0).
+func scanAckedOrdered(rows Rows) (map[int64]bool, []orderKey, error) {
+	defer rows.Close()
+	ids := map[int64]bool{}
+	var waiting []orderKey
+	for rows.Next() {
+		var id, unsettled int64
+		var k orderKey
+		if err := rows.Scan(&id, &k.stream, &k.group, &k.key, &unsettled); err != nil {
+			return nil, nil, err
+		}
+		if id > 0 {
+			ids[id] = true
+		} else {
+			waiting = append(waiting, k)
+		}
+	}
+	if err := rowsErr(rows); err != nil {
+		return nil, nil, err
+	}
+	return ids, waiting, rows.Close()
+}
+
 // releaseKeys records, inside ex (a transaction), that the head of each key
-// settled, and promotes the next blocked event of each key that has one.
-// Keys are locked in order; a key listed twice is released twice.
+// settled, and promotes the next blocked event of each key that has one; a
+// key listed twice is released twice. The key rows are locked in (stream,
+// group, key) order by one statement (one per repetition of a key on MySQL
+// and SQLite); the promotion is a later statement, which on PostgreSQL and
+// MySQL in READ COMMITTED sees every producer that committed while this
+// transaction waited for the key rows.
 func (c *Core) releaseKeys(ctx context.Context, ex Executor, keys []orderKey) error {
+	if len(keys) == 0 {
+		return nil
+	}
 	keys = slices.Clone(keys)
 	slices.SortFunc(keys, compareOrderKeys)
-	for _, k := range keys {
-		vals := map[string]any{"stream": k.stream, "group": k.group, "okey": k.key, "now": c.nowArg()}
-		var unsettled int64
-		q := c.stmts.releaseKey
-		if c.dialect == MySQL {
-			if _, err := ex.ExecContext(ctx, q.text, q.args(vals)...); err != nil {
-				return err
-			}
-			q = c.stmts.keyUnsettled
-		}
-		if err := c.queryRow(ctx, ex, q, vals, &unsettled); err != nil {
-			if errors.Is(err, errNoRow) {
-				continue // no state: nothing waits behind this event
-			}
+	q := c.stmts.releaseKeys
+	if c.dialect == Postgres {
+		streams, groups, okeys := splitKeys(keys)
+		rows, err := ex.QueryContext(ctx, q.text, q.args(map[string]any{"streams": streams, "groups": groups, "okeys": okeys})...)
+		if err != nil {
 			return err
 		}
-		if unsettled <= 0 {
-			continue
+		var waiting []orderKey
+		for rows.Next() {
+			var k orderKey
+			if err := rows.Scan(&k.stream, &k.group, &k.key); err != nil {
+				rows.Close()
+				return err
+			}
+			waiting = append(waiting, k)
 		}
-		// A new statement: on PostgreSQL in READ COMMITTED it sees every
-		// producer that committed while this transaction waited for the
-		// key row. On MySQL an UPDATE reads the latest rows in any
-		// isolation level.
-		if _, err := ex.ExecContext(ctx, c.stmts.promote.text, c.stmts.promote.args(vals)...); err != nil {
+		if err := rowsErr(rows); err != nil {
+			rows.Close()
+			return err
+		}
+		if err := rows.Close(); err != nil {
+			return err
+		}
+		return c.promoteKeys(ctx, ex, waiting)
+	}
+	for _, round := range keyRounds(keys) {
+		text, args := expandKeys(c.dialect, q.text, round)
+		if _, err := ex.ExecContext(ctx, text, append(q.args(nil), args...)...); err != nil {
 			return err
 		}
 	}
-	return nil
+	return c.promoteKeys(ctx, ex, slices.CompactFunc(keys, func(a, b orderKey) bool { return a == b }))
+}
+
+// promoteKeys makes pending, inside ex (a transaction), the blocked event
+// with the lowest sequence number of each key (sorted, no duplicates) that
+// has one and still counts unsettled events.
+func (c *Core) promoteKeys(ctx context.Context, ex Executor, keys []orderKey) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	vals := map[string]any{"now": c.nowArg()}
+	switch c.dialect {
+	case Postgres:
+		vals["streams"], vals["groups"], vals["okeys"] = splitKeys(keys)
+		_, err := ex.ExecContext(ctx, c.stmts.promoteKeys.text, c.stmts.promoteKeys.args(vals)...)
+		return err
+	case SQLite:
+		text, args := expandKeys(c.dialect, c.stmts.promoteKeys.text, keys)
+		_, err := ex.ExecContext(ctx, text, append(c.stmts.promoteKeys.args(vals), args...)...)
+		return err
+	}
+	text, args := expandKeys(c.dialect, c.stmts.nextBlocked.text, keys)
+	rows, err := ex.QueryContext(ctx, text, append(c.stmts.nextBlocked.args(nil), args...)...)
+	if err != nil {
+		return err
+	}
+	var ids []int64
+	for rows.Next() {
+		var id sql.NullInt64
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return err
+		}
+		if id.Valid {
+			ids = append(ids, id.Int64)
+		}
+	}
+	if err := rowsErr(rows); err != nil {
+		rows.Close()
+		return err
+	}
+	if err := rows.Close(); err != nil {
+		return err
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	slices.Sort(ids)
+	text, args = expandIDs(c.stmts.promoteIDs.text, ids)
+	_, err = ex.ExecContext(ctx, text, append(c.stmts.promoteIDs.args(vals), args...)...)
+	return err
+}
+
+// keyRounds splits sorted keys into rounds without duplicates: a key listed
+// n times is in the first n rounds.
+func keyRounds(keys []orderKey) [][]orderKey {
+	var rounds [][]orderKey
+	for i := 0; i < len(keys); {
+		j := i
+		for j < len(keys) && keys[j] == keys[i] {
+			if len(rounds) <= j-i {
+				rounds = append(rounds, nil)
+			}
+			rounds[j-i] = append(rounds[j-i], keys[j])
+			j++
+		}
+		i = j
+	}
+	return rounds
+}
+
+func splitKeys(keys []orderKey) (streams, groups, okeys []string) {
+	streams, groups, okeys = make([]string, len(keys)), make([]string, len(keys)), make([]string, len(keys))
+	for i, k := range keys {
+		streams[i], groups[i], okeys[i] = k.stream, k.group, k.key
+	}
+	return streams, groups, okeys
 }
 
 // failSkip is Fail under DeadLetterSkip: a dead-lettered event with an

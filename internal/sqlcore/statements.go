@@ -53,11 +53,13 @@ type statements struct {
 	keyState             query // MySQL: what bumpKey wrote
 	insertOrdered        query // MySQL, SQLite: one group's row
 	unbumpKey            query // undo bumpKey when the row already existed
-	ackOrdered           query // PostgreSQL, SQLite: acknowledge rows with an ordering key ({pairs} on SQLite)
+	ackOrdered           query // PostgreSQL, SQLite: acknowledge rows with an ordering key ({pairs} on SQLite; PostgreSQL also releases their keys)
 	failSkip             query // Fail under DeadLetterSkip
-	releaseKey           query // one event of a key settled: one fewer unsettled
-	keyUnsettled         query // MySQL: what releaseKey wrote
-	promote              query // the next blocked event of a key becomes pending
+	releaseKeys          query // heads of keys settled: fewer unsettled ({keys} on MySQL, SQLite)
+	promoteKeys          query // PostgreSQL, SQLite: the next blocked event of each key becomes pending
+	nextBlocked          query // MySQL: the next blocked event of each key ({keys})
+	promoteIDs           query // MySQL: make those pending ({ids})
+	keyUnsettled         query // MySQL: what rejoinKey wrote
 	orderedDead          query // requeue: dead rows with an ordering key ({ids})
 	requeueHead          query // requeue a dead row that still holds its key
 	rejoinKey            query // requeue: a released dead row rejoins its key
@@ -82,9 +84,37 @@ const insertColsFor = "INSERT INTO millpond_outbox (stream, consumer_group, even
 const liveClaims = `WITH live AS MATERIALIZED (
   SELECT o.id FROM millpond_outbox o
   JOIN unnest(@ids::BIGINT[], @keys::TEXT[]) AS r(id, claim_key) ON o.id = r.id AND o.claim_key = r.claim_key
-  WHERE o.status = 'processing' AND o.available_at > @now
+  WHERE o.status = 'processing' AND o.available_at > @now%s
   ORDER BY o.id
   FOR UPDATE OF o
+)`
+
+// nextBlockedPG (PostgreSQL) is the id of the blocked event with the lowest
+// sequence number of the key k (stream, consumer_group, ordering_key), read
+// through the blocked index.
+const nextBlockedPG = `SELECT b.id FROM millpond_outbox b
+    WHERE b.stream = k.stream AND b.consumer_group = k.consumer_group AND b.ordering_key = k.ordering_key
+      AND b.settled AND b.delivered_at IS NULL AND b.ordering_key <> '' AND b.status = 'blocked'
+    ORDER BY b.ordering_seq LIMIT 1`
+
+// releaseCTEs (PostgreSQL) follow a CTE or subquery src(stream,
+// consumer_group, ordering_key) listing settled heads (a key listed twice is
+// released twice): they lock the key rows in (stream, group, key) order, the
+// order every statement that locks several key rows keeps, and count the
+// settled events off; dec returns each key's new unsettled count. A key
+// without a row (nothing ever waited behind it) is left out.
+const releaseCTEs = `,
+ks AS MATERIALIZED (
+  SELECT stream, consumer_group, ordering_key, count(*) AS n FROM src GROUP BY stream, consumer_group, ordering_key
+), kl AS MATERIALIZED (
+  SELECT m.stream, m.consumer_group, m.ordering_key, ks.n FROM millpond_ordering m
+  JOIN ks ON m.stream = ks.stream AND m.consumer_group = ks.consumer_group AND m.ordering_key = ks.ordering_key
+  ORDER BY m.stream, m.consumer_group, m.ordering_key
+  FOR UPDATE OF m
+), dec AS (
+  UPDATE millpond_ordering m SET unsettled = m.unsettled - kl.n
+  FROM kl WHERE m.stream = kl.stream AND m.consumer_group = kl.consumer_group AND m.ordering_key = kl.ordering_key
+  RETURNING m.stream, m.consumer_group, m.ordering_key, m.unsettled
 )`
 
 const claimColumns = "id, stream, consumer_group, event_key, event_kind, payload, metadata, attempts, claim_key, available_at, created_at, ordering_key, ordering_seq"
@@ -142,7 +172,6 @@ WHERE status = 'dead_letter' AND stream = @stream AND ordering_key <> '' AND ` +
 ORDER BY id` + lockDead)
 	s.deadOrdering = c("SELECT ordering_key, key_released FROM millpond_outbox WHERE id = @id")
 	if d == Postgres {
-		s.releaseKey = c("UPDATE millpond_ordering SET unsettled = unsettled - 1 WHERE stream = @stream AND consumer_group = @group AND ordering_key = @okey RETURNING unsettled")
 		s.rejoinKey = c(`INSERT INTO millpond_ordering (stream, consumer_group, ordering_key, last_seq, unsettled)
 VALUES (@stream, @group, @okey, 0, 1)
 ON CONFLICT (stream, consumer_group, ordering_key) DO UPDATE SET unsettled = millpond_ordering.unsettled + 1
@@ -221,14 +250,90 @@ n AS (SELECT pg_notify('`+NotifyChannel+`', @stream::TEXT))`, ", n"))
 SELECT ` + claimColumns + `, reclaimed FROM claimed WHERE status = 'processing' ORDER BY id`)
 		// Statements that lock several rows lock them first, in id order, in
 		// a subselect (see liveClaims); the UPDATE then finds them locked.
-		s.ack = c(liveClaims + `
-UPDATE millpond_outbox o SET status = 'delivered', settled = true, delivered_at = @now
-FROM live WHERE o.id = live.id AND o.ordering_key = ''
-RETURNING o.id`)
-		s.ackOrdered = c(liveClaims + `
-UPDATE millpond_outbox o SET status = 'delivered', settled = true, delivered_at = @now
-FROM live WHERE o.id = live.id AND o.ordering_key <> ''
-RETURNING o.id, o.stream, o.consumer_group, o.ordering_key`)
+		// The acknowledgement settles rows without an ordering key and,
+		// in the same statement, rows with one whose key row no producer
+		// changed since the statement's snapshot: it locks the key rows
+		// (after the outbox rows, in key order) and compares the locked
+		// version (xmin) with the snapshot's; equal, every event of the key
+		// that has committed is visible to the statement, so it can count
+		// the head off and promote the key's next event itself. A key whose
+		// row changed meanwhile (a producer committed while this statement
+		// waited for it) is left alone, its rows unacknowledged: Core
+		// settles them with ackOrdered and promoteKeys, two statements of
+		// one transaction, the second seeing the producer's event.
+		s.ack = c(`WITH live AS MATERIALIZED (
+  SELECT o.id, o.stream, o.consumer_group, o.ordering_key FROM millpond_outbox o
+  JOIN unnest(@ids::BIGINT[], @keys::TEXT[]) AS r(id, claim_key) ON o.id = r.id AND o.claim_key = r.claim_key
+  WHERE o.status = 'processing' AND o.available_at > @now
+  ORDER BY o.id
+  FOR UPDATE OF o
+), ks AS MATERIALIZED (
+  SELECT stream, consumer_group, ordering_key, count(*) AS n FROM live WHERE ordering_key <> '' GROUP BY stream, consumer_group, ordering_key
+), snap AS MATERIALIZED (
+  SELECT m.stream, m.consumer_group, m.ordering_key, m.xmin::TEXT AS x FROM millpond_ordering m
+  JOIN ks ON m.stream = ks.stream AND m.consumer_group = ks.consumer_group AND m.ordering_key = ks.ordering_key
+), kl AS MATERIALIZED (
+  SELECT m.stream, m.consumer_group, m.ordering_key, ks.n, m.xmin::TEXT AS x FROM millpond_ordering m
+  JOIN ks ON m.stream = ks.stream AND m.consumer_group = ks.consumer_group AND m.ordering_key = ks.ordering_key
+  ORDER BY m.stream, m.consumer_group, m.ordering_key
+  FOR UPDATE OF m
+), stale AS MATERIALIZED (
+  SELECT kl.stream, kl.consumer_group, kl.ordering_key FROM kl
+  WHERE NOT EXISTS (SELECT 1 FROM snap WHERE snap.stream = kl.stream AND snap.consumer_group = kl.consumer_group AND snap.ordering_key = kl.ordering_key AND snap.x = kl.x)
+), acked AS (
+  UPDATE millpond_outbox o SET status = 'delivered', settled = true, delivered_at = @now
+  FROM live WHERE o.id = live.id
+    AND NOT EXISTS (SELECT 1 FROM stale WHERE stale.stream = live.stream AND stale.consumer_group = live.consumer_group AND stale.ordering_key = live.ordering_key)
+  RETURNING o.id
+), dec AS (
+  UPDATE millpond_ordering m SET unsettled = m.unsettled - kl.n
+  FROM kl WHERE m.stream = kl.stream AND m.consumer_group = kl.consumer_group AND m.ordering_key = kl.ordering_key
+    AND NOT EXISTS (SELECT 1 FROM stale WHERE stale.stream = kl.stream AND stale.consumer_group = kl.consumer_group AND stale.ordering_key = kl.ordering_key)
+  RETURNING m.stream, m.consumer_group, m.ordering_key, m.unsettled
+), nxt AS MATERIALIZED (
+  SELECT (` + nextBlockedPG + `) AS id FROM dec k WHERE k.unsettled > 0
+), lk AS MATERIALIZED (
+  SELECT o.id FROM millpond_outbox o WHERE o.id IN (SELECT id FROM nxt) AND o.status = 'blocked'
+  ORDER BY o.id
+  FOR UPDATE OF o
+), promoted AS (
+  UPDATE millpond_outbox o SET status = 'pending', settled = false, available_at = GREATEST(o.available_at, @now)
+  FROM lk WHERE o.id = lk.id
+)
+SELECT id FROM acked`)
+		// One statement settles the ordered rows and counts them off their
+		// keys (outbox rows locked first, then key rows); it returns the
+		// settled ids (keys empty) and the keys that still have unsettled
+		// events (id 0), whose next events promoteKeys makes pending in a
+		// later statement of the same transaction.
+		s.ackOrdered = c(fmt.Sprintf(liveClaims, " AND o.ordering_key <> ''") + `,
+acked AS (
+  UPDATE millpond_outbox o SET status = 'delivered', settled = true, delivered_at = @now
+  FROM live WHERE o.id = live.id AND o.ordering_key <> ''
+  RETURNING o.id, o.stream, o.consumer_group, o.ordering_key
+), src AS (SELECT stream, consumer_group, ordering_key FROM acked)` + releaseCTEs + `
+SELECT id, '', '', '', 0 FROM acked
+UNION ALL
+SELECT 0, stream, consumer_group, ordering_key, unsettled FROM dec WHERE unsettled > 0`)
+		s.releaseKeys = c(`WITH src AS (
+  SELECT * FROM unnest(@streams::TEXT[], @groups::TEXT[], @okeys::TEXT[]) AS k(stream, consumer_group, ordering_key)
+)` + releaseCTEs + `
+SELECT stream, consumer_group, ordering_key FROM dec WHERE unsettled > 0`)
+		// The next blocked event of each key, locked in id order. Blocked
+		// rows are settled (out of the claim index) but not delivered, like
+		// dead letters; the blocked index holds both kinds of rows with an
+		// ordering key.
+		s.promoteKeys = c(`WITH nxt AS MATERIALIZED (
+  SELECT (` + nextBlockedPG + `) AS id
+  FROM unnest(@streams::TEXT[], @groups::TEXT[], @okeys::TEXT[]) AS k(stream, consumer_group, ordering_key)
+), lk AS MATERIALIZED (
+  SELECT o.id FROM millpond_outbox o
+  WHERE o.id IN (SELECT id FROM nxt) AND o.status = 'blocked'
+  ORDER BY o.id
+  FOR UPDATE OF o
+)
+UPDATE millpond_outbox o SET status = 'pending', settled = false, available_at = GREATEST(o.available_at, @now)
+FROM lk WHERE o.id = lk.id`)
 		s.failSkip = c(`UPDATE millpond_outbox SET
   status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'pending' END,
   settled = attempts >= @max,
@@ -237,14 +342,6 @@ RETURNING o.id, o.stream, o.consumer_group, o.ordering_key`)
   available_at = @now + @delay::BIGINT, last_error = @reason
 WHERE id = @id AND claim_key = @key AND status = 'processing' AND available_at > @now
 RETURNING status, stream, consumer_group, ordering_key`)
-		// Blocked rows are settled (out of the claim index) but not
-		// delivered, like dead letters; the blocked index holds both kinds
-		// of rows with an ordering key.
-		s.promote = c(`UPDATE millpond_outbox SET status = 'pending', settled = false, available_at = GREATEST(available_at, @now)
-WHERE id = (SELECT id FROM millpond_outbox
-  WHERE stream = @stream AND consumer_group = @group AND ordering_key = @okey
-    AND settled AND delivered_at IS NULL AND ordering_key <> '' AND status = 'blocked'
-  ORDER BY ordering_seq LIMIT 1)`)
 		s.requeueHead = c(`UPDATE millpond_outbox SET status = 'pending', settled = false, attempts = 0, available_at = @now, last_error = '', key_released = false WHERE id = @id`)
 		s.requeueRejoined = c(`UPDATE millpond_outbox SET
   status = CASE WHEN @head::BOOLEAN THEN 'pending' ELSE 'blocked' END,
@@ -285,11 +382,11 @@ n AS (SELECT pg_notify('`+NotifyChannel+`', @stream::TEXT))`, ", n"))
   available_at = @now + @delay::BIGINT, last_error = @reason
 WHERE id = @id AND claim_key = @key AND status = 'processing' AND available_at > @now
 RETURNING status`)
-		s.extend = c(liveClaims + `
+		s.extend = c(fmt.Sprintf(liveClaims, "") + `
 UPDATE millpond_outbox o SET available_at = @now + @lease::BIGINT
 FROM live WHERE o.id = live.id
 RETURNING o.id, o.available_at`)
-		s.release = c(liveClaims + `
+		s.release = c(fmt.Sprintf(liveClaims, "") + `
 UPDATE millpond_outbox o SET status = 'pending', attempts = GREATEST(o.attempts - 1, 0), available_at = @now
 FROM live WHERE o.id = live.id`)
 		s.requeue = c(`WITH dead AS (
@@ -376,15 +473,27 @@ WHERE id = @id AND claim_key = @key AND status = 'processing' AND available_at >
   available_at = @now + @delay, last_error = @reason,
   attempts = LEAST(attempts, @max)
 WHERE id = @id AND claim_key = @key AND status = 'processing' AND available_at > @now`)
-		s.promote = c(`UPDATE millpond_outbox SET status = 'pending', available_at = GREATEST(available_at, @now)
-WHERE stream = @stream AND consumer_group = @group AND ordering_key = @okey AND status = 'blocked'
-ORDER BY ordering_seq LIMIT 1`)
+		// Settled heads are counted off their keys in one statement per
+		// round (a key settled twice in a batch is in two rounds), locking
+		// the key rows in primary-key order; then a plain read finds the
+		// next blocked event of each key that still has unsettled events
+		// (a new statement: in READ COMMITTED it sees every producer that
+		// committed before the key rows were locked) and one statement
+		// promotes them, in id order.
+		s.releaseKeys = c(`UPDATE millpond_ordering SET unsettled = unsettled - 1 WHERE {keys}
+ORDER BY stream, consumer_group, ordering_key`)
+		s.nextBlocked = c(`SELECT (SELECT b.id FROM millpond_outbox b
+  WHERE b.stream = k.stream AND b.consumer_group = k.consumer_group AND b.ordering_key = k.ordering_key AND b.status = 'blocked'
+  ORDER BY b.ordering_seq LIMIT 1)
+FROM millpond_ordering k WHERE k.unsettled > 0 AND {keys}`)
+		s.promoteIDs = c(`UPDATE millpond_outbox SET status = 'pending', available_at = GREATEST(available_at, @now)
+WHERE status = 'blocked' AND id IN ({ids})
+ORDER BY id`)
 		s.bumpKey = c(`INSERT INTO millpond_ordering (stream, consumer_group, ordering_key, last_seq, unsettled)
 VALUES (@stream, @group, @okey, 1, 1)
 ON DUPLICATE KEY UPDATE last_seq = last_seq + 1, unsettled = unsettled + 1`)
 		s.keyState = c("SELECT last_seq, unsettled FROM millpond_ordering WHERE stream = @stream AND consumer_group = @group AND ordering_key = @okey")
 		s.keyUnsettled = c("SELECT unsettled FROM millpond_ordering WHERE stream = @stream AND consumer_group = @group AND ordering_key = @okey")
-		s.releaseKey = c("UPDATE millpond_ordering SET unsettled = unsettled - 1 WHERE stream = @stream AND consumer_group = @group AND ordering_key = @okey")
 		s.rejoinKey = c(`INSERT INTO millpond_ordering (stream, consumer_group, ordering_key, last_seq, unsettled)
 VALUES (@stream, @group, @okey, 0, 1)
 ON DUPLICATE KEY UPDATE unsettled = unsettled + 1`)
@@ -445,15 +554,21 @@ RETURNING id, stream, consumer_group, ordering_key`)
   available_at = @now + @delay, last_error = @reason
 WHERE id = @id AND claim_key = @key AND status = 'processing' AND available_at > @now
 RETURNING status, stream, consumer_group, ordering_key`)
-		s.promote = c(`UPDATE millpond_outbox SET status = 'pending', available_at = MAX(available_at, @now)
-WHERE id = (SELECT id FROM millpond_outbox
-  WHERE stream = @stream AND consumer_group = @group AND ordering_key = @okey AND status = 'blocked'
-  ORDER BY ordering_seq LIMIT 1)`)
+		// One writer at a time: settled heads are counted off their keys,
+		// one statement per round (a key settled twice in a batch is in two
+		// rounds), then one statement promotes the next blocked event of
+		// each key that still has unsettled events.
+		s.releaseKeys = c(`UPDATE millpond_ordering SET unsettled = unsettled - 1 WHERE {keys}`)
+		s.promoteKeys = c(`UPDATE millpond_outbox SET status = 'pending', available_at = MAX(available_at, @now)
+WHERE status = 'blocked' AND id IN (
+  SELECT (SELECT b.id FROM millpond_outbox b
+    WHERE b.stream = k.stream AND b.consumer_group = k.consumer_group AND b.ordering_key = k.ordering_key AND b.status = 'blocked'
+    ORDER BY b.ordering_seq LIMIT 1)
+  FROM millpond_ordering k WHERE k.unsettled > 0 AND {keys})`)
 		s.bumpKey = c(`INSERT INTO millpond_ordering (stream, consumer_group, ordering_key, last_seq, unsettled)
 VALUES (@stream, @group, @okey, 1, 1)
 ON CONFLICT (stream, consumer_group, ordering_key) DO UPDATE SET last_seq = last_seq + 1, unsettled = unsettled + 1
 RETURNING last_seq, unsettled`)
-		s.releaseKey = c("UPDATE millpond_ordering SET unsettled = unsettled - 1 WHERE stream = @stream AND consumer_group = @group AND ordering_key = @okey RETURNING unsettled")
 		s.rejoinKey = c(`INSERT INTO millpond_ordering (stream, consumer_group, ordering_key, last_seq, unsettled)
 VALUES (@stream, @group, @okey, 0, 1)
 ON CONFLICT (stream, consumer_group, ordering_key) DO UPDATE SET unsettled = unsettled + 1
@@ -514,6 +629,46 @@ func expandPairs(d Dialect, text string, rs []Receipt) (string, []any) {
 		args = append(ids, args...)
 	}
 	return strings.Replace(text, "{pairs}", list, 1), args
+}
+
+// expandKeys fills {keys} with a condition on the columns stream,
+// consumer_group and ordering_key that holds for the keys ks (sorted, no
+// duplicates) and returns the extra arguments: a row-value list on SQLite;
+// on MySQL one primary-key range per (stream, group), which InnoDB reads in
+// key order.
+func expandKeys(d Dialect, text string, ks []orderKey) (string, []any) {
+	var b strings.Builder
+	var args []any
+	if d == SQLite {
+		b.WriteString("(stream, consumer_group, ordering_key) IN (VALUES ")
+		for i, k := range ks {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString("(?, ?, ?)")
+			args = append(args, k.stream, k.group, k.key)
+		}
+		b.WriteString(")")
+		return strings.Replace(text, "{keys}", b.String(), 1), args
+	}
+	b.WriteString("(")
+	for i := 0; i < len(ks); {
+		j := i
+		for j < len(ks) && ks[j].stream == ks[i].stream && ks[j].group == ks[i].group {
+			j++
+		}
+		if i > 0 {
+			b.WriteString(" OR ")
+		}
+		b.WriteString("(stream = ? AND consumer_group = ? AND ordering_key IN (" + strings.TrimSuffix(strings.Repeat("?, ", j-i), ", ") + "))")
+		args = append(args, ks[i].stream, ks[i].group)
+		for _, k := range ks[i:j] {
+			args = append(args, k.key)
+		}
+		i = j
+	}
+	b.WriteString(")")
+	return strings.Replace(text, "{keys}", b.String(), 1), args
 }
 
 // expandIDs fills {ids} with n placeholders and returns the arguments.

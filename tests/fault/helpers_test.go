@@ -18,6 +18,7 @@ import (
 	"database/sql"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/exec"
 	"strconv"
@@ -26,6 +27,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx" for child processes
 
 	"github.com/millpond/millpond/internal/testdb"
@@ -64,6 +66,8 @@ func TestHelperWorker(t *testing.T) {
 		err = killWorker()
 	case "race-worker":
 		err = raceWorker()
+	case "ordered-worker":
+		err = orderedWorker()
 	default:
 		err = fmt.Errorf("unknown role %q", role)
 	}
@@ -207,6 +211,17 @@ func openSQL(rawURL string) (*sql.DB, string, error) {
 	case strings.HasPrefix(rawURL, "postgres"):
 		db, err := sql.Open("pgx", rawURL)
 		return db, "postgres", err
+	case strings.HasPrefix(rawURL, "mysql://"), strings.HasPrefix(rawURL, "mariadb://"):
+		u, err := url.Parse(rawURL)
+		if err != nil {
+			return nil, "", fmt.Errorf("openSQL: %w", err)
+		}
+		cfg := mysql.NewConfig()
+		cfg.User = u.User.Username()
+		cfg.Passwd, _ = u.User.Password()
+		cfg.Net, cfg.Addr, cfg.DBName = "tcp", u.Host, strings.TrimPrefix(u.Path, "/")
+		db, err := sql.Open("mysql", cfg.FormatDSN())
+		return db, "mysql", err
 	case strings.HasPrefix(rawURL, "sqlite:"):
 		db, err := sql.Open("sqlite", sqlite.DSN(strings.TrimPrefix(rawURL, "sqlite:")))
 		return db, "sqlite", err
