@@ -111,7 +111,6 @@ func Handler(store *outbox.Store, opts Options) (http.Handler, error) {
 	}
 	s := &server{
 		store:     store,
-		ext:       storeExtensions(store),
 		readOnly:  opts.ReadOnly,
 		prefix:    prefix,
 		authorize: opts.Authorize,
@@ -128,7 +127,6 @@ func Handler(store *outbox.Store, opts Options) (http.Handler, error) {
 // server is the admin UI's handler.
 type server struct {
 	store     *outbox.Store
-	ext       extensions
 	readOnly  bool
 	prefix    string
 	authorize func(*http.Request) error

@@ -271,15 +271,13 @@ type deadData struct {
 	Scan        scanResult
 	NextLink    template.URL
 	First       bool
-	// Discard is true when the Store can discard dead letters.
-	Discard bool
-	Error   string
+	Error       string
 }
 
 func (s *server) deadList(w http.ResponseWriter, r *http.Request) {
 	v := r.URL.Query()
 	f, ferr := filterFrom(v)
-	d := deadData{Filter: f, FilterQuery: f.query(), Discard: s.ext.discardDead != nil}
+	d := deadData{Filter: f, FilterQuery: f.query()}
 	stats, err := s.store.Stats(r.Context())
 	if err != nil {
 		s.storeFailed(w, r, "read the backlog", err)
@@ -388,9 +386,6 @@ func (s *server) readTarget(r *http.Request) (target, int, string) {
 	act, ok := deadActions[name]
 	if !ok {
 		return target{}, http.StatusBadRequest, "Unknown action."
-	}
-	if act.Name == "discard" && s.ext.discardDead == nil {
-		return target{}, http.StatusNotImplemented, "Discarding dead letters is not available in this version of millpond."
 	}
 	t := target{Action: act, Scope: scope}
 	switch t.Scope {
@@ -529,7 +524,7 @@ func (s *server) deadApply(w http.ResponseWriter, r *http.Request) {
 				k, err = s.store.Reroute(r.Context(), stream, chunk...)
 				n = int64(k)
 			case "discard":
-				n, err = s.ext.discardDead(r.Context(), stream, chunk)
+				n, err = s.store.DiscardDead(r.Context(), outbox.DeadSelector{Stream: stream, IDs: chunk})
 			}
 			changed += n
 			if err != nil {
@@ -573,7 +568,6 @@ type eventData struct {
 	Siblings []outbox.EventRecord
 	// Reroutable is true for a dead letter of the default group.
 	Reroutable bool
-	Discard    bool
 	Ref        ref
 }
 
@@ -593,7 +587,7 @@ func (s *server) eventDetail(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec := rows[0]
-	d := eventData{Record: rec, Payload: viewPayload(rec.Payload), Discard: s.ext.discardDead != nil,
+	d := eventData{Record: rec, Payload: viewPayload(rec.Payload),
 		Reroutable: rec.Status == outbox.StatusDead && rec.Group == "", Ref: ref{Stream: rec.Stream, ID: rec.ID}}
 	for _, k := range slices.Sorted(maps.Keys(rec.Metadata)) {
 		d.Metadata = append(d.Metadata, metaPair{k, rec.Metadata[k]})
@@ -663,28 +657,17 @@ func (s *server) lookup(w http.ResponseWriter, r *http.Request) {
 }
 
 type groupsData struct {
-	// Available is true when the Store lists groups with their
-	// registrations; otherwise Rows come from Stats.
-	Available bool
-	Groups    []groupInfo
-	Rows      []outbox.StreamStats
-	// Unregister is true when the Store can unregister groups.
-	Unregister bool
+	Groups []outbox.GroupInfo
 }
 
 func (s *server) groups(w http.ResponseWriter, r *http.Request) {
-	d := groupsData{Available: s.ext.groups != nil, Unregister: s.ext.retireGroup != nil}
+	var d groupsData
 	var err error
-	if d.Available {
-		d.Groups, err = s.ext.groups(r.Context())
-	} else {
-		d.Rows, err = s.store.Stats(r.Context())
-	}
-	if err != nil {
+	if d.Groups, err = s.store.ListGroups(r.Context()); err != nil {
 		s.storeFailed(w, r, "list groups", err)
 		return
 	}
-	slices.SortFunc(d.Groups, func(a, b groupInfo) int {
+	slices.SortFunc(d.Groups, func(a, b outbox.GroupInfo) int {
 		return cmp.Or(strings.Compare(a.Stream, b.Stream), strings.Compare(a.Group, b.Group))
 	})
 	s.render(w, r, http.StatusOK, "groups", "", page{Title: "Consumer groups", Nav: "groups", Data: d})
@@ -697,9 +680,6 @@ type groupConfirmData struct {
 
 // readGroup reads the stream and group of an unregister form.
 func (s *server) readGroup(r *http.Request) (groupConfirmData, int, string) {
-	if s.ext.retireGroup == nil {
-		return groupConfirmData{}, http.StatusNotImplemented, "Unregistering a consumer group is not available in this version of millpond."
-	}
 	d := groupConfirmData{Stream: r.PostForm.Get("stream"), Group: r.PostForm.Get("group"), Discard: r.PostForm.Get("discard") == "1"}
 	if err := outbox.ValidateKey("stream", d.Stream); err != nil {
 		return d, http.StatusBadRequest, err.Error()
@@ -725,7 +705,7 @@ func (s *server) groupApply(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, status, msg)
 		return
 	}
-	res, err := s.ext.retireGroup(r.Context(), d.Stream, d.Group, d.Discard)
+	res, err := s.store.RetireGroup(r.Context(), outbox.RetireRequest{Stream: d.Stream, Group: d.Group, Discard: d.Discard})
 	if err != nil && res.Pending+res.Processing > 0 && !d.Discard {
 		s.log.Info("admin: unregister group refused: not drained")
 		s.fail(w, r, http.StatusConflict, fmt.Sprintf("The group was not unregistered: it has %d pending and %d processing events. Let its consumers drain them, or unregister it with its events discarded.",

@@ -5,8 +5,6 @@ import (
 	"sort"
 	"testing"
 	"time"
-
-	"github.com/millpond/millpond/outbox"
 )
 
 // testClaimsReadOnlyWhatTheyTake: a small claim from a group with a large
@@ -50,21 +48,7 @@ func testClaimsReadOnlyWhatTheyTake(t *testing.T, e *env) {
 	if backlog > 3*few+2*time.Millisecond {
 		t.Fatalf("a claim of %d takes %s behind %d pending events, %s behind %d", limit, backlog, big, few, small)
 	}
-	if st := e.statsOf("big"); st.Processing != claims*limit {
+	if st := e.stats("big", ""); st.Processing != claims*limit {
 		t.Fatalf("stats after the claims: %+v", st)
 	}
-}
-
-func (e *env) statsOf(stream string) outbox.StreamStats {
-	e.t.Helper()
-	all, err := e.s.Stats(e.ctx)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	for _, s := range all {
-		if s.Stream == stream {
-			return s
-		}
-	}
-	return outbox.StreamStats{}
 }
