@@ -529,9 +529,11 @@ func groupName(g string) string {
 	return g
 }
 
-const deadListUsage = `Usage: millpond dead list -stream S [-group G | -all-groups] [-after ID] [-limit N] [-json] [-db URL]
+const deadListUsage = `Usage: millpond dead list -stream S [-group G | -all-groups] [-after ID] [-limit N] [-json | -show-keys] [-db URL]
 
-List dead-lettered events of a stream, oldest first.
+List dead-lettered events of a stream, oldest first. Event keys may carry
+customer data, so the KEY column says (hidden) unless -show-keys is given;
+payloads are never printed.
 
 With -json, a JSON array with one object per event (event keys and payloads are never printed):
   id           the event's row id (for requeue, reroute, discard and -after)
@@ -563,6 +565,7 @@ func cmdDeadList(e *env, args []string) error {
 	all := fs.Bool("all-groups", false, "list every consumer group of the stream")
 	after := fs.Int64("after", 0, "list only ids above this one (paging)")
 	limit := fs.Int("limit", 100, fmt.Sprintf("most events to list (1-%d)", outbox.MaxBatch))
+	showKeys := fs.Bool("show-keys", false, "print event keys in the KEY column (hidden by default)")
 	dbFlag := addDBFlag(fs)
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -571,6 +574,8 @@ func cmdDeadList(e *env, args []string) error {
 	switch {
 	case len(pos) > 0:
 		return usagef("dead list: unexpected argument %q", pos[0])
+	case *asJSON && *showKeys:
+		return usagef("dead list: -show-keys applies to the table; -json never prints keys")
 	case *stream == "":
 		return usagef("dead list: -stream is required")
 	case *all && *group != "":
@@ -609,7 +614,11 @@ func cmdDeadList(e *env, args []string) error {
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tGROUP\tKEY\tKIND\tATTEMPTS\tCREATED\tLAST_ERROR")
 	for _, d := range dead {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, groupName(d.Group), d.Key, d.Kind, d.Attempts,
+		key := "(hidden)"
+		if *showKeys {
+			key = d.Key
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, groupName(d.Group), key, d.Kind, d.Attempts,
 			d.CreatedAt.UTC().Format(time.RFC3339), d.LastError)
 	}
 	if err := tw.Flush(); err != nil {

@@ -117,7 +117,7 @@ func TestAdminCommand(t *testing.T) {
 				t.Fatalf("dead list: code %d", code)
 			}
 			got := row(t, stdout, fmt.Sprint(deadID))
-			if got[1] != "(default)" || got[2] != "order-3" || got[3] != "OrderPlaced" || got[4] != "1" || !strings.Contains(stdout, "payment service said no") {
+			if got[1] != "(default)" || got[2] != "(hidden)" || strings.Contains(stdout, "order-3") || got[3] != "OrderPlaced" || got[4] != "1" || !strings.Contains(stdout, "payment service said no") {
 				t.Fatalf("dead list row %q", got)
 			}
 			if n := strings.Count(strings.TrimSpace(stdout), "\n"); n != 1 {
@@ -130,7 +130,7 @@ func TestAdminCommand(t *testing.T) {
 					t.Fatalf("dead list %v: code %d, output %q", args, code, stdout)
 				}
 			}
-			code, stdout, _ = cli(t, nil, append(flagDB, "dead", "list", "-stream", "orders", "-all-groups", "-limit", "1")...)
+			code, stdout, _ = cli(t, nil, append(flagDB, "dead", "list", "-stream", "orders", "-all-groups", "-limit", "1", "-show-keys")...)
 			if code != 0 || !strings.Contains(stdout, "order-3") {
 				t.Fatalf("dead list -all-groups: code %d, output %q", code, stdout)
 			}
@@ -196,6 +196,7 @@ func TestUsageErrors(t *testing.T) {
 		{"dead", "list", "-stream", "s", "-limit", "0"},
 		{"dead", "list", "-stream", "s", "-limit", "1001"},
 		{"dead", "list", "-stream", "s", "-after", "-1"},
+		{"dead", "list", "-stream", "s", "-json", "-show-keys"},
 		{"dead", "list", "-stream", "bad stream"},
 		{"dead", "requeue", "-stream", "s"},
 		{"dead", "requeue", "1"},
