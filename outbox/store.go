@@ -162,6 +162,7 @@ func NewStore(b Backend, opts ...Option) (*Store, error) {
 	}
 	o := buildOptions(opts)
 	var beginner wsql.Beginner
+	var gate *writeGate
 	switch {
 	case d == sqlcore.Postgres && b.Pool == nil:
 		return nil, errors.New("outbox: nil pgx pool")
@@ -171,8 +172,11 @@ func NewStore(b Backend, opts ...Option) (*Store, error) {
 		return nil, errors.New("outbox: nil database")
 	default:
 		beginner = wsql.BeginnerFromStdSQL(b.DB)
+		if d == sqlcore.SQLite {
+			gate = gateFor(b.DB)
+		}
 	}
-	s, err := newStore(d, newDatabase(beginner, b.Transient), o)
+	s, err := newStore(d, newDatabase(beginner, b.Transient, gate), o)
 	if err != nil {
 		return nil, err
 	}
