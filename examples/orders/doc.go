@@ -38,7 +38,11 @@
 //
 // On PostgreSQL the pool defaults to 20 connections, shared by the HTTP
 // handlers and every event handler; add pool_max_conns=N to the URL for
-// more. Passwords in the address are never logged or printed.
+// more. On SQLite the service uses one connection: SQLite has one writer,
+// and writers waiting in SQLite's busy handler (which polls and is not
+// first come, first served) can starve under load, up to "database is
+// locked" after the busy timeout; in database/sql's pool they wait without
+// a timeout, and the lock is never contended. Passwords in the address are never logged or printed.
 //
 // ORDERS_HANDLER_DELAY (a duration such as 20ms; not a flag, and not for
 // production) makes every handler sleep that long before its work. The

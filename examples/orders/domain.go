@@ -202,6 +202,17 @@ func newDomain(lc fx.Lifecycle, store *outbox.Store, publisher *outbox.Publisher
 	if _, ok := schema[d.dialect]; !ok {
 		return nil, fmt.Errorf("orders: no schema for dialect %q", d.dialect)
 	}
+	if d.dialect == "sqlite" {
+		// SQLite has one writer. With a connection per writer, writers wait
+		// for its lock in SQLite's busy handler, which polls (sleeping up to
+		// 100 ms between tries) and is not first come, first served: under
+		// load one writer can lose the race for seconds, a lease extension
+		// past the lease (the handler's acknowledgement is then stale) or any
+		// transaction past the 10 s busy timeout ("database is locked").
+		// One connection for the store and the service makes them wait in
+		// database/sql's pool instead, and never in SQLite.
+		d.db.SetMaxOpenConns(1)
+	}
 	lc.Append(fx.Hook{OnStart: d.Migrate})
 	return d, nil
 }
