@@ -155,7 +155,7 @@ func TestPlaceAndCancel(t *testing.T) {
 	for _, dialect := range testdb.Dialects {
 		t.Run(dialect, func(t *testing.T) {
 			t.Parallel()
-			s := startService(t, dialect, 300*time.Millisecond)
+			s := startService(t, dialect, 700*time.Millisecond)
 			widget, gizmo := s.stock(t, "widget"), s.stock(t, "gizmo")
 
 			// Cancelled at once: the reservation is not decided yet.
