@@ -589,6 +589,11 @@ func (d *Domain) Notify(ctx context.Context, ev OrderPlaced) (bool, error) {
 // previous one left (no merge that would tolerate another order or a
 // repeat: the acknowledgement commits with the update). The WHERE clause
 // states the state the event must find; finding another is ErrOutOfOrder.
+// Every kind the read model shows is in that group, so none of the former
+// order-insensitive merges is left. CustomerNotified, recorded by notify
+// (a group of its own), commits at any point after OrderPlaced, before or
+// after the reservation's events; its update touches only its own column,
+// so where it falls among them does not matter.
 var viewUpdates = map[string]string{
 	KindOrderPlaced:      "INSERT INTO order_view (order_id, status, reserved, notified, updated_at) VALUES (?, 'placed', FALSE, FALSE, ?)",
 	KindOrderReserved:    "UPDATE order_view SET status = 'reserved', reserved = TRUE, updated_at = ? WHERE order_id = ? AND status = 'placed'",
