@@ -63,6 +63,17 @@ var schema = map[string][]string{
 			notified   BOOLEAN     NOT NULL,
 			updated_at TIMESTAMPTZ NOT NULL
 		)`,
+		`CREATE TABLE IF NOT EXISTS cancellations (
+			order_id     VARCHAR(64) PRIMARY KEY,
+			prior_status VARCHAR(16) NOT NULL,
+			created_at   TIMESTAMPTZ NOT NULL
+		)`,
+		`CREATE TABLE IF NOT EXISTS releases (
+			order_id   VARCHAR(64) PRIMARY KEY,
+			sku        VARCHAR(64) NOT NULL,
+			qty        INTEGER     NOT NULL,
+			created_at TIMESTAMPTZ NOT NULL
+		)`,
 	},
 	"mysql": {
 		`CREATE TABLE IF NOT EXISTS orders (
@@ -97,6 +108,17 @@ var schema = map[string][]string{
 			notified   BOOLEAN     NOT NULL,
 			updated_at DATETIME(6) NOT NULL
 		)`,
+		`CREATE TABLE IF NOT EXISTS cancellations (
+			order_id     VARCHAR(64) NOT NULL PRIMARY KEY,
+			prior_status VARCHAR(16) NOT NULL,
+			created_at   DATETIME(6) NOT NULL
+		)`,
+		`CREATE TABLE IF NOT EXISTS releases (
+			order_id   VARCHAR(64) NOT NULL PRIMARY KEY,
+			sku        VARCHAR(64) NOT NULL,
+			qty        INT         NOT NULL,
+			created_at DATETIME(6) NOT NULL
+		)`,
 	},
 	"sqlite": {
 		`CREATE TABLE IF NOT EXISTS orders (
@@ -129,6 +151,17 @@ var schema = map[string][]string{
 			notified   BOOLEAN   NOT NULL,
 			updated_at TIMESTAMP NOT NULL
 		)`,
+		`CREATE TABLE IF NOT EXISTS cancellations (
+			order_id     TEXT      NOT NULL PRIMARY KEY,
+			prior_status TEXT      NOT NULL,
+			created_at   TIMESTAMP NOT NULL
+		)`,
+		`CREATE TABLE IF NOT EXISTS releases (
+			order_id   TEXT      NOT NULL PRIMARY KEY,
+			sku        TEXT      NOT NULL,
+			qty        INTEGER   NOT NULL,
+			created_at TIMESTAMP NOT NULL
+		)`,
 	},
 }
 
@@ -138,6 +171,16 @@ var (
 	ErrUnknownSKU = errors.New("unknown sku")
 	// ErrOrderNotFound reports an order id that does not exist.
 	ErrOrderNotFound = errors.New("order not found")
+	// ErrAlreadyCancelled reports a cancellation of a cancelled order.
+	ErrAlreadyCancelled = errors.New("order already cancelled")
+	// ErrOrderRejected reports a cancellation of a rejected order: it holds
+	// no stock and is final.
+	ErrOrderRejected = errors.New("order was rejected; there is nothing to cancel")
+	// ErrOutOfOrder reports an event of an order handled before an event
+	// that precedes it (a cancellation before the order's reservation, a
+	// read-model change before the order's row): what the ordering key
+	// rules out. No retry fixes it; the handlers dead-letter the event.
+	ErrOutOfOrder = errors.New("event handled out of order")
 )
 
 // Domain is the order service's data: its tables on the outbox store's own
@@ -158,6 +201,17 @@ func newDomain(lc fx.Lifecycle, store *outbox.Store, publisher *outbox.Publisher
 	d := &Domain{db: store.SQLDB(), dialect: store.Dialect(), store: store, publisher: publisher, log: log.Named("domain")}
 	if _, ok := schema[d.dialect]; !ok {
 		return nil, fmt.Errorf("orders: no schema for dialect %q", d.dialect)
+	}
+	if d.dialect == "sqlite" {
+		// SQLite has one writer. With a connection per writer, writers wait
+		// for its lock in SQLite's busy handler, which polls (sleeping up to
+		// 100 ms between tries) and is not first come, first served: under
+		// load one writer can lose the race for seconds, a lease extension
+		// past the lease (the handler's acknowledgement is then stale) or any
+		// transaction past the 10 s busy timeout ("database is locked").
+		// One connection for the store and the service makes them wait in
+		// database/sql's pool instead, and never in SQLite.
+		d.db.SetMaxOpenConns(1)
 	}
 	lc.Append(fx.Hook{OnStart: d.Migrate})
 	return d, nil
@@ -240,7 +294,8 @@ func (d *Domain) Ping(ctx context.Context) error {
 func now() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }
 
 // PlaceOrder inserts an order and its OrderPlaced event in one transaction
-// and returns the event as recorded.
+// and returns the event as recorded. The event's ordering key is the order
+// id, as for every event of the order.
 func (d *Domain) PlaceOrder(ctx context.Context, customer, sku string, qty int) (OrderPlaced, error) {
 	var known int
 	if err := d.db.QueryRowContext(ctx, d.q("SELECT COUNT(*) FROM stock WHERE sku = ?"), sku).Scan(&known); err != nil {
@@ -250,10 +305,6 @@ func (d *Domain) PlaceOrder(ctx context.Context, customer, sku string, qty int) 
 		return OrderPlaced{}, fmt.Errorf("%w %q", ErrUnknownSKU, sku)
 	}
 	ev := OrderPlaced{OrderID: uuid.NewString(), Customer: customer, SKU: sku, Qty: qty, PlacedAt: now()}
-	payload, err := json.Marshal(ev)
-	if err != nil {
-		return OrderPlaced{}, fmt.Errorf("orders: encode OrderPlaced: %w", err)
-	}
 
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
@@ -265,12 +316,8 @@ func (d *Domain) PlaceOrder(ctx context.Context, customer, sku string, qty int) 
 		ev.OrderID, ev.Customer, ev.SKU, ev.Qty, StatusPlaced, ev.PlacedAt); err != nil {
 		return OrderPlaced{}, fmt.Errorf("orders: insert order: %w", err)
 	}
-	// The event goes through the Watermill publisher, in this transaction.
-	msg := message.NewMessage(KindOrderPlaced+":"+ev.OrderID, payload)
-	msg.Metadata.Set(outbox.MetadataKind, KindOrderPlaced)
-	msg.SetContext(outbox.ContextWithTx(ctx, outbox.SQLTx(tx)))
-	if err := d.publisher.Publish(Stream, msg); err != nil {
-		return OrderPlaced{}, fmt.Errorf("orders: publish OrderPlaced: %w", err)
+	if err := d.publish(ctx, tx, KindOrderPlaced, ev.OrderID, ev); err != nil {
+		return OrderPlaced{}, fmt.Errorf("orders: place order: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
 		return OrderPlaced{}, fmt.Errorf("orders: place order: commit: %w", err)
@@ -278,14 +325,94 @@ func (d *Domain) PlaceOrder(ctx context.Context, customer, sku string, qty int) 
 	return ev, nil
 }
 
-// enqueue records a follow-up event in the handler's transaction.
+// publish records an event of the HTTP API through the Watermill publisher,
+// in tx: the message UUID is the idempotency key, and the metadata carry
+// the kind and the ordering key (the order id).
+func (d *Domain) publish(ctx context.Context, tx *sql.Tx, kind, orderID string, event any) error {
+	payload, err := json.Marshal(event)
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", kind, err)
+	}
+	msg := message.NewMessage(kind+":"+orderID, payload)
+	msg.Metadata.Set(outbox.MetadataKind, kind)
+	msg.Metadata.Set(outbox.MetadataOrderingKey, orderID)
+	msg.SetContext(outbox.ContextWithTx(ctx, outbox.SQLTx(tx)))
+	if err := d.publisher.Publish(Stream, msg); err != nil {
+		return fmt.Errorf("publish %s: %w", kind, err)
+	}
+	return nil
+}
+
+// CancelOrder cancels an order: in one transaction, under the order's row
+// lock, it inserts the cancellation and records OrderCancelled (ordering
+// key: the order id). An order still placed (its reservation not decided
+// yet) or reserved can be cancelled; a cancelled one is ErrAlreadyCancelled,
+// a rejected one ErrOrderRejected, an unknown one ErrOrderNotFound. It
+// returns the event and the order's status when it was cancelled.
+//
+// The stock goes back later, in the reserve-stock group's handling of the
+// event, which comes after its handling of the order's OrderPlaced (see the
+// package documentation).
+func (d *Domain) CancelOrder(ctx context.Context, orderID string) (OrderCancelled, string, error) {
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return OrderCancelled{}, "", fmt.Errorf("orders: cancel order: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+
+	// The row lock serialises the cancellation with other cancellations and
+	// with the reservation's decision, which takes the same lock first.
+	var status string
+	err = tx.QueryRowContext(ctx, d.q("SELECT status FROM orders WHERE id = ?"+d.forUpdate()), orderID).Scan(&status)
+	if errors.Is(err, sql.ErrNoRows) {
+		return OrderCancelled{}, "", ErrOrderNotFound
+	}
+	if err != nil {
+		return OrderCancelled{}, "", fmt.Errorf("orders: cancel order: read order: %w", err)
+	}
+	var cancelled int
+	if err := tx.QueryRowContext(ctx, d.q("SELECT COUNT(*) FROM cancellations WHERE order_id = ?"), orderID).Scan(&cancelled); err != nil {
+		return OrderCancelled{}, "", fmt.Errorf("orders: cancel order: read cancellation: %w", err)
+	}
+	if cancelled > 0 {
+		return OrderCancelled{}, "", ErrAlreadyCancelled
+	}
+	if status == StatusRejected {
+		return OrderCancelled{}, "", ErrOrderRejected
+	}
+	ev := OrderCancelled{OrderID: orderID, CancelledAt: now()}
+	res, err := tx.ExecContext(ctx, d.insertIgnore("cancellations", "order_id, prior_status, created_at", "?, ?, ?", "order_id"), orderID, status, ev.CancelledAt)
+	if err != nil {
+		return OrderCancelled{}, "", fmt.Errorf("orders: insert cancellation: %w", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return OrderCancelled{}, "", fmt.Errorf("orders: insert cancellation: %w", err)
+	} else if n == 0 {
+		return OrderCancelled{}, "", ErrAlreadyCancelled // the unique key, should the lock not have told
+	}
+	if err := d.publish(ctx, tx, KindOrderCancelled, orderID, ev); err != nil {
+		return OrderCancelled{}, "", fmt.Errorf("orders: cancel order: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return OrderCancelled{}, "", fmt.Errorf("orders: cancel order: commit: %w", err)
+	}
+	return ev, status, nil
+}
+
+// ackFunc acknowledges the delivery being handled inside the handler's
+// transaction (handlers.Meta.AcknowledgeInTx), so that the handler's
+// writes and the acknowledgement commit together: exactly-once effects.
+type ackFunc func(ctx context.Context, tx *sql.Tx) error
+
+// enqueue records a follow-up event in the handler's transaction, with the
+// order id as its ordering key.
 func (d *Domain) enqueue(ctx context.Context, tx *sql.Tx, kind, orderID string, event any) error {
 	payload, err := json.Marshal(event)
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", kind, err)
 	}
 	_, err = d.store.Enqueue(ctx, outbox.SQLTx(tx), outbox.Event{
-		Stream: Stream, Key: kind + ":" + orderID, Kind: kind, Payload: payload,
+		Stream: Stream, Key: kind + ":" + orderID, Kind: kind, Payload: payload, OrderingKey: orderID,
 	})
 	if err != nil {
 		return fmt.Errorf("enqueue %s: %w", kind, err)
@@ -293,11 +420,15 @@ func (d *Domain) enqueue(ctx context.Context, tx *sql.Tx, kind, orderID string, 
 	return nil
 }
 
-// Reserve decides an order exactly once: if it is still placed, it either
-// takes the stock and inserts the reservation, or marks the order rejected,
-// and records OrderReserved or OrderRejected, all in one transaction. An
-// order already decided (a redelivery) is left as it is.
-func (d *Domain) Reserve(ctx context.Context, orderID string) (decided string, err error) {
+// Reserve decides an order: if it is still placed, it either takes the
+// stock and inserts the reservation, or marks the order rejected, and
+// records OrderReserved or OrderRejected, all in one transaction with the
+// delivery's acknowledgement (ack). It does not look at a cancellation:
+// a cancelled order is reserved like any other and its OrderCancelled,
+// handled next in the same consumer group, gives the stock back. An order
+// already decided (which the acknowledgement in the transaction rules out)
+// is left as it is.
+func (d *Domain) Reserve(ctx context.Context, orderID string, ack ackFunc) (decided string, err error) {
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return "", fmt.Errorf("reserve %s: begin: %w", orderID, err)
@@ -314,7 +445,7 @@ func (d *Domain) Reserve(ctx context.Context, orderID string) (decided string, e
 		return "", fmt.Errorf("reserve %s: read order: %w", orderID, err)
 	}
 	if status != StatusPlaced {
-		return "", nil // decided by an earlier delivery
+		return "", d.ackAndCommit(ctx, tx, ack, "reserve "+orderID) // decided by an earlier delivery
 	}
 
 	res, err := tx.ExecContext(ctx, d.q("UPDATE stock SET available = available - ? WHERE sku = ? AND available >= ?"), qty, sku, qty)
@@ -326,17 +457,8 @@ func (d *Domain) Reserve(ctx context.Context, orderID string) (decided string, e
 		return "", fmt.Errorf("reserve %s: take stock: %w", orderID, err)
 	}
 	if taken == 1 {
-		res, err := tx.ExecContext(ctx, d.insertIgnore("reservations", "order_id, sku, qty, created_at", "?, ?, ?, ?", "order_id"), orderID, sku, qty, now())
-		if err != nil {
+		if _, err := tx.ExecContext(ctx, d.q("INSERT INTO reservations (order_id, sku, qty, created_at) VALUES (?, ?, ?, ?)"), orderID, sku, qty, now()); err != nil {
 			return "", fmt.Errorf("reserve %s: insert reservation: %w", orderID, err)
-		}
-		if n, err := res.RowsAffected(); err != nil {
-			return "", fmt.Errorf("reserve %s: insert reservation: %w", orderID, err)
-		} else if n == 0 {
-			// A reservation exists although the order was still placed:
-			// keep the stock, change nothing.
-			d.log.Warn("reservation already exists; not reserving twice", zap.String("order_id", orderID))
-			return "", nil
 		}
 		decided = StatusReserved
 		if err := d.enqueue(ctx, tx, KindOrderReserved, orderID, OrderReserved{OrderID: orderID, SKU: sku, Qty: qty}); err != nil {
@@ -352,10 +474,80 @@ func (d *Domain) Reserve(ctx context.Context, orderID string) (decided string, e
 	if _, err := tx.ExecContext(ctx, d.q("UPDATE orders SET status = ? WHERE id = ?"), decided, orderID); err != nil {
 		return "", fmt.Errorf("reserve %s: update order: %w", orderID, err)
 	}
-	if err := tx.Commit(); err != nil {
-		return "", fmt.Errorf("reserve %s: commit: %w", orderID, err)
+	if err := d.ackAndCommit(ctx, tx, ack, "reserve "+orderID); err != nil {
+		return "", err
 	}
 	return decided, nil
+}
+
+// Release handles a cancellation: the order's reservation, if it has one,
+// goes back to stock, the release is recorded in releases and StockReleased
+// in the outbox, all in one transaction with the delivery's
+// acknowledgement (ack). It relies on the order of handling: the order's
+// reservation was decided before (its OrderPlaced came first in the same
+// consumer group); an order still placed is ErrOutOfOrder. It returns the
+// quantity released, and released false for a cancellation already handled
+// (which the acknowledgement in the transaction rules out).
+func (d *Domain) Release(ctx context.Context, orderID string, ack ackFunc) (qty int, released bool, err error) {
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, false, fmt.Errorf("release %s: begin: %w", orderID, err)
+	}
+	defer func() { _ = tx.Rollback() }()
+
+	var status, sku string
+	err = tx.QueryRowContext(ctx, d.q("SELECT status, sku FROM orders WHERE id = ?"+d.forUpdate()), orderID).Scan(&status, &sku)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, false, fmt.Errorf("release %s: %w", orderID, ErrOrderNotFound)
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("release %s: read order: %w", orderID, err)
+	}
+	if status == StatusPlaced {
+		return 0, false, fmt.Errorf("release %s: the order's reservation is not decided yet: %w", orderID, ErrOutOfOrder)
+	}
+	if status == StatusReserved {
+		err = tx.QueryRowContext(ctx, d.q("SELECT qty FROM reservations WHERE order_id = ?"), orderID).Scan(&qty)
+		if err != nil {
+			return 0, false, fmt.Errorf("release %s: read reservation: %w", orderID, err)
+		}
+	}
+	// One release per order: the primary key makes a second one a no-op.
+	res, err := tx.ExecContext(ctx, d.insertIgnore("releases", "order_id, sku, qty, created_at", "?, ?, ?, ?", "order_id"), orderID, sku, qty, now())
+	if err != nil {
+		return 0, false, fmt.Errorf("release %s: insert release: %w", orderID, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return 0, false, fmt.Errorf("release %s: insert release: %w", orderID, err)
+	} else if n == 0 {
+		return 0, false, d.ackAndCommit(ctx, tx, ack, "release "+orderID) // released by an earlier delivery
+	}
+	if qty > 0 {
+		if _, err := tx.ExecContext(ctx, d.q("UPDATE stock SET available = available + ? WHERE sku = ?"), qty, sku); err != nil {
+			return 0, false, fmt.Errorf("release %s: return stock: %w", orderID, err)
+		}
+	}
+	if err := d.enqueue(ctx, tx, KindStockReleased, orderID, StockReleased{OrderID: orderID, SKU: sku, Qty: qty}); err != nil {
+		return 0, false, fmt.Errorf("release %s: %w", orderID, err)
+	}
+	if err := d.ackAndCommit(ctx, tx, ack, "release "+orderID); err != nil {
+		return 0, false, err
+	}
+	return qty, true, nil
+}
+
+// ackAndCommit acknowledges the delivery in tx (when ack is not nil) and
+// commits.
+func (d *Domain) ackAndCommit(ctx context.Context, tx *sql.Tx, ack ackFunc, what string) error {
+	if ack != nil {
+		if err := ack(ctx, tx); err != nil {
+			return fmt.Errorf("%s: acknowledge: %w", what, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("%s: commit: %w", what, err)
+	}
+	return nil
 }
 
 // Notify inserts the order's notification once and records
@@ -388,37 +580,61 @@ func (d *Domain) Notify(ctx context.Context, ev OrderPlaced) (bool, error) {
 	return true, nil
 }
 
-// viewChange is one fact the read model learns about an order.
-type viewChange struct {
-	status   string // StatusPlaced, or a final status
-	reserved bool
-	notified bool
+// viewUpdates are the read model's statements, one per event kind of the
+// read-model group. That group takes every kind the read model shows and
+// gets an order's events one at a time in commit order, which is the
+// order's history: OrderPlaced first, then OrderReserved or OrderRejected,
+// then StockReleased if it was cancelled, with CustomerNotified anywhere
+// after OrderPlaced. So each event is a plain update of the state the
+// previous one left (no merge that would tolerate another order or a
+// repeat: the acknowledgement commits with the update). The WHERE clause
+// states the state the event must find; finding another is ErrOutOfOrder.
+// Every kind the read model shows is in that group, so none of the former
+// order-insensitive merges is left. CustomerNotified, recorded by notify
+// (a group of its own), commits at any point after OrderPlaced, before or
+// after the reservation's events; its update touches only its own column,
+// so where it falls among them does not matter.
+var viewUpdates = map[string]string{
+	KindOrderPlaced:      "INSERT INTO order_view (order_id, status, reserved, notified, updated_at) VALUES (?, 'placed', FALSE, FALSE, ?)",
+	KindOrderReserved:    "UPDATE order_view SET status = 'reserved', reserved = TRUE, updated_at = ? WHERE order_id = ? AND status = 'placed'",
+	KindOrderRejected:    "UPDATE order_view SET status = 'rejected', updated_at = ? WHERE order_id = ? AND status = 'placed'",
+	KindStockReleased:    "UPDATE order_view SET status = 'cancelled', reserved = FALSE, updated_at = ? WHERE order_id = ? AND status IN ('reserved', 'rejected')",
+	KindCustomerNotified: "UPDATE order_view SET notified = TRUE, updated_at = ? WHERE order_id = ? AND NOT notified",
 }
 
-// UpdateView merges a fact into order_view. The merge only moves forward
-// (placed to a final status, false to true), so facts may arrive in any
-// order and any number of times.
-func (d *Domain) UpdateView(ctx context.Context, orderID string, c viewChange) error {
-	var stmt string
-	if d.dialect == "mysql" {
-		stmt = `INSERT INTO order_view (order_id, status, reserved, notified, updated_at) VALUES (?, ?, ?, ?, ?)
-			ON DUPLICATE KEY UPDATE
-				status = IF(status = 'placed', VALUES(status), status),
-				reserved = reserved OR VALUES(reserved),
-				notified = notified OR VALUES(notified),
-				updated_at = VALUES(updated_at)`
-	} else {
-		stmt = d.q(`INSERT INTO order_view (order_id, status, reserved, notified, updated_at) VALUES (?, ?, ?, ?, ?)
-			ON CONFLICT (order_id) DO UPDATE SET
-				status = CASE WHEN order_view.status = 'placed' THEN excluded.status ELSE order_view.status END,
-				reserved = order_view.reserved OR excluded.reserved,
-				notified = order_view.notified OR excluded.notified,
-				updated_at = excluded.updated_at`)
+// ViewKinds are the event kinds the read model is built from.
+var ViewKinds = []string{KindOrderPlaced, KindOrderReserved, KindOrderRejected, KindStockReleased, KindCustomerNotified}
+
+// UpdateView applies an event of the order to order_view, in one
+// transaction with the delivery's acknowledgement (ack).
+func (d *Domain) UpdateView(ctx context.Context, kind, orderID string, ack ackFunc) error {
+	stmt, ok := viewUpdates[kind]
+	if !ok {
+		return fmt.Errorf("update order_view of %s: no update for kind %q", orderID, kind)
 	}
-	if _, err := d.db.ExecContext(ctx, stmt, orderID, c.status, c.reserved, c.notified, now()); err != nil {
-		return fmt.Errorf("update order_view of %s: %w", orderID, err)
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("update order_view of %s: begin: %w", orderID, err)
 	}
-	return nil
+	defer func() { _ = tx.Rollback() }()
+	args := []any{now(), orderID}
+	if kind == KindOrderPlaced {
+		args = []any{orderID, now()}
+	}
+	res, err := tx.ExecContext(ctx, d.q(stmt), args...)
+	if err != nil {
+		return fmt.Errorf("update order_view of %s on %s: %w", orderID, kind, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("update order_view of %s on %s: %w", orderID, kind, err)
+	}
+	if n != 1 {
+		// Every statement changes a column of the row it matches, so MySQL's
+		// count of changed rows is the count of matched rows too.
+		return fmt.Errorf("update order_view of %s on %s: the order is not in the state this event follows: %w", orderID, kind, ErrOutOfOrder)
+	}
+	return d.ackAndCommit(ctx, tx, ack, "update order_view of "+orderID)
 }
 
 // OrderView is an order as the API shows it: the order row with its state
@@ -432,7 +648,8 @@ type OrderView struct {
 	SKU string `json:"sku"`
 	// Qty is how many.
 	Qty int `json:"qty"`
-	// Status is placed, reserved or rejected, from the read model.
+	// Status is placed, reserved, rejected or cancelled, from the read
+	// model.
 	Status string `json:"status"`
 	// Reserved tells whether stock is reserved for it.
 	Reserved bool `json:"reserved"`

@@ -3,6 +3,8 @@ package main
 import "time"
 
 // Stream is the outbox stream (Watermill topic) of every order event.
+// Every event of an order carries the order id as its ordering key, so a
+// consumer group gets an order's events one at a time, in commit order.
 const Stream = "orders"
 
 // Event kinds on Stream.
@@ -15,6 +17,11 @@ const (
 	KindOrderRejected = "OrderRejected"
 	// KindCustomerNotified is recorded when the customer was notified.
 	KindCustomerNotified = "CustomerNotified"
+	// KindOrderCancelled is published with each accepted cancellation.
+	KindOrderCancelled = "OrderCancelled"
+	// KindStockReleased is recorded when a cancellation was handled: the
+	// order's reservation, if it had one, went back to stock.
+	KindStockReleased = "StockReleased"
 )
 
 // Order statuses, in orders.status and order_view.status.
@@ -25,6 +32,10 @@ const (
 	StatusReserved = "reserved"
 	// StatusRejected is an order that could not be reserved.
 	StatusRejected = "rejected"
+	// StatusCancelled is an order whose cancellation was handled (in
+	// order_view only: orders.status keeps the reservation's outcome and
+	// the cancellations table the cancellation).
+	StatusCancelled = "cancelled"
 )
 
 // OrderPlaced is the event of a new order.
@@ -63,4 +74,23 @@ type OrderRejected struct {
 type CustomerNotified struct {
 	// OrderID identifies the order.
 	OrderID string `json:"order_id"`
+}
+
+// OrderCancelled is the event of a cancelled order.
+type OrderCancelled struct {
+	// OrderID identifies the order.
+	OrderID string `json:"order_id"`
+	// CancelledAt is when the cancellation was accepted.
+	CancelledAt time.Time `json:"cancelled_at"`
+}
+
+// StockReleased is the event of a handled cancellation: Qty units of SKU
+// went back to stock, 0 when the order held none (it had been rejected).
+type StockReleased struct {
+	// OrderID identifies the order.
+	OrderID string `json:"order_id"`
+	// SKU is the product released.
+	SKU string `json:"sku"`
+	// Qty is how many went back to stock.
+	Qty int `json:"qty"`
 }

@@ -2,13 +2,17 @@ package main
 
 import (
 	"context"
+	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"go.uber.org/zap"
 
 	"github.com/millpond/millpond/handlers"
+	"github.com/millpond/millpond/outbox"
 )
 
 // workers holds what the handlers share.
@@ -37,32 +41,87 @@ func (w *workers) pause(ctx context.Context) error {
 	}
 }
 
-// newReserveStock returns the reserve-stock handler: it reserves stock for
-// a placed order, or rejects the order.
-func newReserveStock(w *workers) handlers.Handler {
-	return handlers.New[OrderPlaced]("reserve-stock", Stream, KindOrderPlaced,
-		func(ctx context.Context, ev OrderPlaced, meta handlers.Meta) error {
+// ack returns the acknowledgement of the delivery described by meta,
+// inside the handler's transaction.
+func ack(meta handlers.Meta) ackFunc {
+	return func(ctx context.Context, tx *sql.Tx) error { return meta.AcknowledgeInTx(ctx, outbox.SQLTx(tx)) }
+}
+
+// permanentIf marks the errors that no retry fixes (an order that does not
+// exist although its event commits with it, an event out of order) as
+// permanent: the event is dead-lettered at once, holding its order's later
+// events (the default dead-letter policy) until an operator requeues it.
+func permanentIf(err error) error {
+	if errors.Is(err, ErrOrderNotFound) || errors.Is(err, ErrOutOfOrder) {
+		return handlers.Permanent(err)
+	}
+	return err
+}
+
+// newStockGroup returns the reserve-stock group: one consumer group taking
+// OrderPlaced and OrderCancelled, so that an order's cancellation is
+// handled after its placement even when it was committed before the
+// placement was handled. OrderPlaced reserves the stock or rejects the
+// order; OrderCancelled gives the reservation back. Each commits with its
+// acknowledgement.
+func newStockGroup(w *workers) group {
+	return group{name: "reserve-stock", kinds: map[string]kindFunc{
+		KindOrderPlaced: on(func(ctx context.Context, ev OrderPlaced, meta handlers.Meta) error {
 			if err := w.pause(ctx); err != nil {
 				return err
 			}
-			decided, err := w.domain.Reserve(ctx, ev.OrderID)
-			if errors.Is(err, ErrOrderNotFound) {
-				// The event commits with its order, so this is corruption
-				// that no retry fixes.
-				return handlers.Permanent(err)
-			}
+			decided, err := w.domain.Reserve(ctx, ev.OrderID, ack(meta))
 			if err != nil {
-				return err
+				return permanentIf(err)
 			}
 			if decided == "" {
-				w.log.Info("order already decided; redelivery ignored", zap.String("order_id", ev.OrderID), zap.Int("attempt", meta.Attempt))
+				w.log.Warn("order already decided; redelivery ignored", zap.String("order_id", ev.OrderID), zap.Int("attempt", meta.Attempt))
 			}
 			return nil
-		})
+		}),
+		KindOrderCancelled: on(func(ctx context.Context, ev OrderCancelled, meta handlers.Meta) error {
+			if err := w.pause(ctx); err != nil {
+				return err
+			}
+			_, released, err := w.domain.Release(ctx, ev.OrderID, ack(meta))
+			if err != nil {
+				return permanentIf(err)
+			}
+			if !released {
+				w.log.Warn("cancellation already handled; redelivery ignored", zap.String("order_id", ev.OrderID), zap.Int("attempt", meta.Attempt))
+			}
+			return nil
+		}),
+	}}
+}
+
+// newReadModelGroup returns the read-model group: one consumer group taking
+// every kind the read model shows (ViewKinds), so that it applies an
+// order's events in the order they happened, each a plain update
+// committed with its acknowledgement.
+func newReadModelGroup(w *workers) group {
+	kinds := map[string]kindFunc{}
+	for _, kind := range ViewKinds {
+		kinds[kind] = func(msg *message.Message, meta handlers.Meta) error {
+			var ev struct {
+				OrderID string `json:"order_id"`
+			}
+			if err := json.Unmarshal(msg.Payload, &ev); err != nil || ev.OrderID == "" {
+				return handlers.Permanent(fmt.Errorf("decode %s payload: no order id (%v)", kind, err))
+			}
+			if err := w.pause(msg.Context()); err != nil {
+				return err
+			}
+			return permanentIf(w.domain.UpdateView(msg.Context(), kind, ev.OrderID, ack(meta)))
+		}
+	}
+	return group{name: "read-model", kinds: kinds}
 }
 
 // newNotify returns the notify handler: it notifies the customer of a
-// placed order.
+// placed order. It is a bus handler of one kind (its group takes nothing
+// else, so order does not concern it) and idempotent: the notification's
+// unique order id makes a second delivery a no-op.
 func newNotify(w *workers) handlers.Handler {
 	return handlers.New[OrderPlaced]("notify", Stream, KindOrderPlaced,
 		func(ctx context.Context, ev OrderPlaced, meta handlers.Meta) error {
@@ -77,49 +136,5 @@ func newNotify(w *workers) handlers.Handler {
 				w.log.Info("customer already notified; redelivery ignored", zap.String("order_id", ev.OrderID), zap.Int("attempt", meta.Attempt))
 			}
 			return nil
-		})
-}
-
-// newReadModelPlaced returns the read-model handler of OrderPlaced.
-func newReadModelPlaced(w *workers) handlers.Handler {
-	return handlers.New[OrderPlaced]("read-model.placed", Stream, KindOrderPlaced,
-		func(ctx context.Context, ev OrderPlaced, _ handlers.Meta) error {
-			if err := w.pause(ctx); err != nil {
-				return err
-			}
-			return w.domain.UpdateView(ctx, ev.OrderID, viewChange{status: StatusPlaced})
-		})
-}
-
-// newReadModelReserved returns the read-model handler of OrderReserved.
-func newReadModelReserved(w *workers) handlers.Handler {
-	return handlers.New[OrderReserved]("read-model.reserved", Stream, KindOrderReserved,
-		func(ctx context.Context, ev OrderReserved, _ handlers.Meta) error {
-			if err := w.pause(ctx); err != nil {
-				return err
-			}
-			return w.domain.UpdateView(ctx, ev.OrderID, viewChange{status: StatusReserved, reserved: true})
-		})
-}
-
-// newReadModelRejected returns the read-model handler of OrderRejected.
-func newReadModelRejected(w *workers) handlers.Handler {
-	return handlers.New[OrderRejected]("read-model.rejected", Stream, KindOrderRejected,
-		func(ctx context.Context, ev OrderRejected, _ handlers.Meta) error {
-			if err := w.pause(ctx); err != nil {
-				return err
-			}
-			return w.domain.UpdateView(ctx, ev.OrderID, viewChange{status: StatusRejected})
-		})
-}
-
-// newReadModelNotified returns the read-model handler of CustomerNotified.
-func newReadModelNotified(w *workers) handlers.Handler {
-	return handlers.New[CustomerNotified]("read-model.notified", Stream, KindCustomerNotified,
-		func(ctx context.Context, ev CustomerNotified, _ handlers.Meta) error {
-			if err := w.pause(ctx); err != nil {
-				return err
-			}
-			return w.domain.UpdateView(ctx, ev.OrderID, viewChange{status: StatusPlaced, notified: true})
 		})
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/millpond/millpond/admin"
 	"github.com/millpond/millpond/bus"
+	"github.com/millpond/millpond/fxmodule"
 	"github.com/millpond/millpond/outbox"
 )
 
@@ -45,6 +46,7 @@ func (a *api) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /orders", a.placeOrder)
 	mux.HandleFunc("GET /orders/{id}", a.getOrder)
+	mux.HandleFunc("POST /orders/{id}/cancel", a.cancelOrder)
 	mux.HandleFunc("GET /stock", a.stock)
 	mux.HandleFunc("GET /stats", a.stats)
 	mux.HandleFunc("GET /healthz", a.healthz)
@@ -117,6 +119,26 @@ func (a *api) placeOrder(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, map[string]string{"id": ev.OrderID, "status": StatusPlaced})
 }
 
+// cancelOrder cancels an order: 200 with the order's status at the
+// cancellation ("placed" when its reservation was not decided yet, or
+// "reserved"), 404 for an unknown id, 409 for an order already cancelled
+// or rejected. The stock goes back, and the read model shows "cancelled",
+// once the cancellation is handled.
+func (a *api) cancelOrder(w http.ResponseWriter, r *http.Request) {
+	ev, prior, err := a.domain.CancelOrder(r.Context(), r.PathValue("id"))
+	switch {
+	case errors.Is(err, ErrOrderNotFound):
+		writeError(w, http.StatusNotFound, "order not found")
+	case errors.Is(err, ErrAlreadyCancelled), errors.Is(err, ErrOrderRejected):
+		writeError(w, http.StatusConflict, err.Error())
+	case err != nil:
+		a.internalError(w, r, err)
+	default:
+		writeJSON(w, http.StatusOK, map[string]any{"id": ev.OrderID, "status": StatusCancelled,
+			"previous_status": prior, "cancelled_at": ev.CancelledAt})
+	}
+}
+
 func (a *api) getOrder(w http.ResponseWriter, r *http.Request) {
 	v, err := a.domain.GetOrder(r.Context(), r.PathValue("id"))
 	if errors.Is(err, ErrOrderNotFound) {
@@ -146,6 +168,8 @@ type streamStats struct {
 	Pending                 int64   `json:"pending"`
 	Processing              int64   `json:"processing"`
 	Dead                    int64   `json:"dead"`
+	Blocked                 int64   `json:"blocked"`
+	HeldKeys                int64   `json:"held_keys"`
 	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
 }
 
@@ -159,6 +183,7 @@ func (a *api) stats(w http.ResponseWriter, r *http.Request) {
 	for _, s := range stats {
 		out = append(out, streamStats{
 			Stream: s.Stream, Group: s.Group, Pending: s.Pending, Processing: s.Processing, Dead: s.Dead,
+			Blocked: s.Blocked, HeldKeys: s.HeldKeys,
 			OldestPendingAgeSeconds: s.OldestPendingAge.Seconds(),
 		})
 	}
@@ -213,9 +238,10 @@ func loopbackOnly(r *http.Request) error {
 	return nil
 }
 
-// httpParams are the HTTP server's dependencies. The Bus is among them so
-// that its start hook (which registers the handlers' consumer groups) runs
-// before the server accepts the first order.
+// httpParams are the HTTP server's dependencies. The Bus and the groups are
+// among them so that the bus's start hook (which registers the handlers'
+// and the groups' consumer groups) runs before the server accepts the first
+// order.
 type httpParams struct {
 	fx.In
 	Lifecycle fx.Lifecycle
@@ -226,7 +252,8 @@ type httpParams struct {
 	Logger    *zap.Logger
 	Shutdown  fx.Shutdowner
 	Metrics   *metricsHandler
-	Ready     *bus.ReadinessHandler
+	Groups    *orderGroups
+	Module    fxmodule.Config
 }
 
 // newHTTPServer returns the HTTP server, listening from start to stop.
@@ -236,7 +263,8 @@ func newHTTPServer(p httpParams) (*http.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("orders: admin UI: %w", err)
 	}
-	a := &api{domain: p.Domain, store: p.Store, log: log, admin: adminUI, metrics: p.Metrics, ready: p.Ready}
+	a := &api{domain: p.Domain, store: p.Store, log: log, admin: adminUI, metrics: p.Metrics,
+		ready: &readiness{bus: p.Bus, store: p.Store, opts: p.Module.Health, groups: p.Groups}}
 	srv := &http.Server{
 		Addr:              p.Config.Addr,
 		Handler:           a.routes(),

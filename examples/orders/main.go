@@ -130,10 +130,10 @@ func newApp(cfg config) *fx.App {
 			DatabaseURL:   cfg.DatabaseURL,
 			AutoMigrate:   true,
 			StatsInterval: cfg.StatsInterval,
-			Bus: bus.Config{Subscriber: outbox.SubscriberConfig{
-				Lease:       cfg.Lease,
-				MaxInFlight: 4,
-			}},
+			Bus: bus.Config{
+				Subscriber:  subscriberDefaults(cfg),
+				OtherGroups: groupNames, // served next to the bus, on its router
+			},
 		}),
 		fxmodule.Module,
 		fxmodule.WithZapLogger(),
@@ -141,12 +141,8 @@ func newApp(cfg config) *fx.App {
 			newTelemetry,
 			newDomain,
 			newWorkers,
-			fxmodule.AsHandler(newReserveStock),
 			fxmodule.AsHandler(newNotify),
-			fxmodule.AsHandler(newReadModelPlaced),
-			fxmodule.AsHandler(newReadModelReserved),
-			fxmodule.AsHandler(newReadModelRejected),
-			fxmodule.AsHandler(newReadModelNotified),
+			newOrderGroups,
 			newHTTPServer,
 		),
 		fx.Invoke(func(*http.Server) {}),
