@@ -313,11 +313,10 @@ func (r *runner) run(ctx context.Context) error {
 // next claim runs while the previous batch is being published, and while
 // claims come back full two run at once. The publisher hands each event to
 // send, at most Window unconfirmed at once. Confirmed events go to the
-// acknowledger,
-// which writes every acknowledgement waiting in one AcknowledgeBatch;
-// failed ones go to Store.Fail (retry with backoff, dead letter at the
-// limit). An extender renews the leases of every claimed, unsettled event
-// every Lease/3.
+// acknowledger, which writes every acknowledgement waiting (up to
+// outbox.MaxBatch) in one AcknowledgeBatch; failed ones go to Store.Fail
+// (retry with backoff, dead letter at the limit). An extender renews the
+// leases of every claimed, unsettled event every Lease/3.
 //
 // Per-key order needs nothing here: the outbox hands a consumer group at
 // most one unsettled event per ordering key, so the events of one claim,
