@@ -42,9 +42,24 @@ func TestRelayModule(t *testing.T) {
 	)
 	app.RequireStart()
 	defer app.RequireStop()
+	// The relay registers its group when Run starts, on a goroutine of
+	// OnStart: an event enqueued before would not be relayed (and the
+	// same key enqueued again is a duplicate), so wait for it.
 	deadline := time.Now().Add(10 * time.Second)
+	for registered := false; !registered; {
+		groups, err := store.RegisteredGroups(context.Background(), "orders")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, g := range groups {
+			registered = registered || g.Group == relay.DefaultGroup
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the relay did not register its group in 10 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	for {
-		// The relay's group registers when Run starts, just after start.
 		tx, commit, _ := db.Begin(t)
 		if _, err := store.Enqueue(context.Background(), tx, outbox.Event{Stream: "orders", Key: "o-1", Kind: "OrderPlaced", Payload: []byte(`{}`)}); err != nil {
 			t.Fatal(err)
