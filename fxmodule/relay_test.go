@@ -42,38 +42,36 @@ func TestRelayModule(t *testing.T) {
 	)
 	app.RequireStart()
 	defer app.RequireStop()
-	// The relay registers its group when Run starts, on a goroutine of
-	// OnStart: an event enqueued before would not be relayed (and the
-	// same key enqueued again is a duplicate), so wait for it.
+	// The relay's group registers when Run starts, just after start; an
+	// event enqueued before that goes to the default group only, and
+	// enqueuing its key again would change nothing.
+	ctx := context.Background()
 	deadline := time.Now().Add(10 * time.Second)
-	for registered := false; !registered; {
-		groups, err := store.RegisteredGroups(context.Background(), "orders")
+	for {
+		regs, err := store.RegisteredGroups(ctx, "orders")
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, g := range groups {
-			registered = registered || g.Group == relay.DefaultGroup
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the relay did not register its group in 10 s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	for {
-		tx, commit, _ := db.Begin(t)
-		if _, err := store.Enqueue(context.Background(), tx, outbox.Event{Stream: "orders", Key: "o-1", Kind: "OrderPlaced", Payload: []byte(`{}`)}); err != nil {
-			t.Fatal(err)
-		}
-		if err := commit(); err != nil {
-			t.Fatal(err)
-		}
-		if r.Stats().Published+r.Stats().Duplicates > 0 {
+		if len(regs) > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
+			t.Fatal("the relay registered no consumer group in 10 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	tx, commit, _ := db.Begin(t)
+	if _, err := store.Enqueue(ctx, tx, outbox.Event{Stream: "orders", Key: "o-1", Kind: "OrderPlaced", Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := commit(); err != nil {
+		t.Fatal(err)
+	}
+	for r.Stats().Published+r.Stats().Duplicates == 0 {
+		if time.Now().After(deadline) {
 			t.Fatal("the relay published nothing in 10 s")
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
 	}
 	if msgs := testnats.Messages(t, st); len(msgs) != 1 || msgs[0].Subject != prefix+".orders.OrderPlaced" {
 		t.Fatalf("stream holds %v", msgs)
