@@ -718,10 +718,13 @@ func failureText(err error) string {
 
 // retry runs op until it succeeds, fails with a stale claim, or Lease/2
 // has passed, backing off from 50 ms to 1 s with jitter: long enough to
-// ride out a database restart without giving up on acknowledgements.
+// ride out a database restart without giving up on acknowledgements. Once
+// the pipeline is stopping it keeps trying for at most another second (the
+// leases of what it gives up expire, and the events are retried).
 func (p *pipeline) retry(op func(ctx context.Context) error) error {
 	b := &backoff.ExponentialBackOff{InitialInterval: 50 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: time.Second}
 	deadline := time.Now().Add(p.r.cfg.Lease / 2)
+	stop := p.stop
 	for {
 		ctx, cancel := p.opCtx()
 		err := op(ctx)
@@ -730,7 +733,16 @@ func (p *pipeline) retry(op func(ctx context.Context) error) error {
 		if err == nil || errors.Is(err, outbox.ErrStaleClaim) || time.Now().Add(wait).After(deadline) {
 			return err
 		}
-		time.Sleep(wait)
+		timer := time.NewTimer(wait)
+		select {
+		case <-stop:
+			stop = nil
+			if soon := time.Now().Add(time.Second); soon.Before(deadline) {
+				deadline = soon
+			}
+			<-timer.C
+		case <-timer.C:
+		}
 	}
 }
 

@@ -261,3 +261,48 @@ func TestWatermillMetrics(t *testing.T) {
 		t.Errorf("e2 is not dead-lettered after 2 attempts with the publisher's error")
 	}
 }
+
+// TestJetStreamFailureReasons: while the stream stops taking the relay's
+// subjects, publishes fail for want of a responder and are counted under
+// that reason; once it takes them again, the events are published.
+func TestJetStreamFailureReasons(t *testing.T) {
+	store, db, nc, js, st, prefix := setup(t, 2*time.Minute)
+	ctx := context.Background()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = mp.Shutdown(ctx) }()
+	if err := store.RegisterGroup(ctx, "s", relay.DefaultGroup); err != nil {
+		t.Fatal(err)
+	}
+	r, err := relay.NewJetStream(ctx, store, nc, relay.JetStreamConfig{
+		Config: relay.Config{Streams: []string{"s"}, MaxBackoff: 100 * time.Millisecond, PublishTimeout: 2 * time.Second, MeterProvider: mp}, SubjectPrefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	setSubjects := func(subjects ...string) {
+		cfg := st.CachedInfo().Config
+		cfg.Subjects = subjects
+		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setSubjects(prefix + "-paused.>")
+	enqueue(t, db, store, events(3)...)
+	runUntil(t, r.Run, func() bool {
+		if r.Stats().Failed >= 2 {
+			setSubjects(prefix + ".>")
+		}
+		return delivered(t, db, 3)()
+	})
+	m := collect(t, reader)
+	failed := r.Stats().Failed
+	if got := m.counter("millpond.relay.failures", relay.AttrReason.String(relay.ReasonNoResponders)); got != failed || got < 2 {
+		t.Errorf("failures{reason=no_responders} = %d, want every failed publish (%d, at least 2)", got, failed)
+	}
+	if got := m.counter("millpond.relay.published"); got != 3 {
+		t.Errorf("published = %d, want 3", got)
+	}
+	if got := m.counter("millpond.relay.dead_lettered"); got != 0 {
+		t.Errorf("dead_lettered = %d, want 0", got)
+	}
+}
