@@ -396,7 +396,7 @@ func (p *pipeline) run(ctx context.Context) {
 	select {
 	case <-done:
 	case <-timer.C:
-		p.r.cfg.Logger.Info("publishes not confirmed before the close timeout; their events will be retried after their leases expire",
+		p.r.cfg.Logger.Info("relay: publishes not confirmed before the close timeout; their events will be retried after their leases expire",
 			"in_flight", len(p.slots))
 	}
 	timer.Stop()

@@ -77,7 +77,7 @@ func (w *Watermill) Run(ctx context.Context) error {
 	w.cfg.Logger.Info("relay started", "outbox_streams", len(w.cfg.Streams), "group", w.cfg.Group, "window", w.cfg.Window)
 	err := w.run.run(ctx)
 	s := w.Stats()
-	w.cfg.Logger.Info("relay stopped", "published", s.Published, "failed", s.Failed)
+	w.cfg.Logger.Info("relay stopped", "published", s.Published, "failed", s.Failed, "dead_lettered", s.DeadLettered)
 	return err
 }
 
