@@ -43,6 +43,8 @@ type config struct {
 	relay          bool
 	natsURL        string
 	relayRuns      int
+	relaySystems   string
+	relayWindows   string
 	claimCost      bool
 	claimEvents    int
 	claimKeys      int
@@ -76,6 +78,8 @@ func main() {
 		"measure relaying to NATS JetStream instead: millpond's relay, Watermill's forwarder, a bare async publish loop (PostgreSQL)")
 	flag.StringVar(&cfg.natsURL, "nats", "nats://127.0.0.1:4222", "NATS JetStream server for -relay")
 	flag.IntVar(&cfg.relayRuns, "relay-runs", 3, "interleaved runs per system in -relay mode")
+	flag.StringVar(&cfg.relaySystems, "relay-systems", "bare,relay,forwarder", "systems of -relay mode, comma-separated: bare, relay, forwarder")
+	flag.StringVar(&cfg.relayWindows, "relay-windows", "256,1000", "publish windows (most unconfirmed publishes) of -relay mode's bare loop and relay, comma-separated")
 	flag.BoolVar(&cfg.claimCost, "claim-cost", false,
 		"instead of the systems, time claims on streams holding backlogs blocked behind ordering keys")
 	flag.IntVar(&cfg.claimEvents, "claim-events", 100_000, "events of the ordered claim-cost stream")

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
 	"go.uber.org/fx"
 	"go.uber.org/zap"
 
@@ -20,7 +21,9 @@ type RelayConfig struct {
 	// are never logged. Required.
 	NATSURL string
 	// JetStream configures the relay (streams, JetStream stream, subjects,
-	// strict mode…); its Logger defaults to the app's zap logger.
+	// strict mode…); its Logger defaults to the app's zap logger, its
+	// MeterProvider to the application's metric.MeterProvider when the
+	// graph holds one (as Module's store does), else the global one.
 	JetStream relay.JetStreamConfig
 }
 
@@ -38,7 +41,8 @@ var ErrNoNATSURL = errors.New("fxmodule: RelayConfig.NATSURL is empty; name the 
 // It connects and checks the configuration on construction (a bad one
 // fails the app's start), relays from OnStart, and on OnStop lets the
 // publishes in flight be confirmed before it closes its NATS connection.
-// It provides the *relay.JetStream, for its Stats.
+// It provides the *relay.JetStream, for its Stats. Its metrics go to the
+// application's metric.MeterProvider when the graph holds one.
 var RelayModule = fx.Module("millpond.relay",
 	fx.Provide(newRelay),
 	fx.Invoke(func(*relay.JetStream) {}),
@@ -50,6 +54,8 @@ type relayParams struct {
 	Store     *outbox.Store
 	Config    RelayConfig
 	Logger    *zap.Logger
+	// MeterProvider is the application's, when its graph holds one.
+	MeterProvider metric.MeterProvider `optional:"true"`
 }
 
 func newRelay(p relayParams) (*relay.JetStream, error) {
@@ -59,6 +65,9 @@ func newRelay(p relayParams) (*relay.JetStream, error) {
 	cfg := p.Config.JetStream
 	if cfg.Logger == nil {
 		cfg.Logger = SlogLogger(p.Logger.Named("millpond.relay"))
+	}
+	if cfg.MeterProvider == nil {
+		cfg.MeterProvider = p.MeterProvider // nil: the global one
 	}
 	if cfg.CloseTimeout == 0 {
 		cfg.CloseTimeout = 8 * time.Second // within fx's default 15 s stop timeout

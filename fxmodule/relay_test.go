@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxtest"
 	"go.uber.org/zap"
@@ -25,8 +28,11 @@ func TestRelayModule(t *testing.T) {
 	st := testnats.Stream(t, js, strings.ToUpper(prefix), 2*time.Minute, prefix+".>")
 	var store *outbox.Store
 	var r *relay.JetStream
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	app := fxtest.New(t,
 		fx.Supply(zap.NewNop()),
+		fx.Supply(fx.Annotate(mp, fx.As(new(metric.MeterProvider)))),
 		fx.Supply(fxmodule.Config{DatabaseURL: db.URL, AutoMigrate: true}),
 		fx.Supply(fxmodule.RelayConfig{NATSURL: testnats.URL(), JetStream: relay.JetStreamConfig{
 			Config: relay.Config{Streams: []string{"orders"}}, SubjectPrefix: prefix}}),
@@ -69,6 +75,24 @@ func TestRelayModule(t *testing.T) {
 	}
 	if msgs := testnats.Messages(t, st); len(msgs) != 1 || msgs[0].Subject != prefix+".orders.OrderPlaced" {
 		t.Fatalf("stream holds %v", msgs)
+	}
+	// The relay's metrics go to the application's MeterProvider.
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	var published int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && sm.Scope.Name == relay.InstrumentationName && m.Name == "millpond.relay.published" {
+				for _, p := range sum.DataPoints {
+					published += p.Value
+				}
+			}
+		}
+	}
+	if published != 1 {
+		t.Errorf("millpond.relay.published in the application's MeterProvider = %d, want 1", published)
 	}
 }
 

@@ -3,13 +3,17 @@
 // any Watermill message.Publisher at least once (Watermill).
 //
 // A relay is a consumer group of the outbox (DefaultGroup unless
-// configured): it claims events through an outbox.Subscriber, publishes
-// each one and acknowledges the outbox row only once the broker confirmed
-// it (JetStream's PubAck, or the Watermill publisher's return). Events of
-// one ordering key are published one after another, because the outbox
-// hands a consumer group at most one unsettled event per key; events of
-// different keys go out in parallel, up to Config.Window publishes in
-// flight. Outbox acknowledgements are written in batches.
+// configured): it claims events in batches with outbox.Store.Claim (up to
+// Config.BatchSize at once, the next claim overlapping the publishing of
+// the previous batch), publishes each one asynchronously and acknowledges
+// the outbox row only once the broker confirmed it (JetStream's PubAck, or
+// the Watermill publisher's return), every acknowledgement waiting in one
+// Store.AcknowledgeBatch. Events of one ordering key are published one
+// after another, because the outbox hands a consumer group at most one
+// unsettled event per key; events of different keys go out in parallel, up
+// to Config.Window publishes unconfirmed. Leases are extended every Lease/3
+// until an event is settled; a failed publish goes to Store.Fail with the
+// relay's backoff (dead letter at Config.MaxAttempts).
 //
 // # Exactly once into JetStream
 //
@@ -42,4 +46,13 @@
 // sent unchanged; headers carry the event's stream, kind, key, ordering key
 // and sequence (HeaderStream and the others) and its metadata, the W3C
 // trace context (traceparent, tracestate) included.
+//
+// # Metrics
+//
+// Both relays record OpenTelemetry metrics through Config.MeterProvider
+// (the global one by default): millpond.relay.published, .duplicates,
+// .failures (by AttrReason), .dead_lettered, .publish.latency (claim to
+// confirmation), .delivery.latency (enqueue to confirmation) and .in_flight
+// (the window in use). Their attributes are bounded: the outbox stream,
+// the consumer group, AttrTarget, and AttrReason or outbox.AttrOutcome.
 package relay

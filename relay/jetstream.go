@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -64,7 +63,7 @@ type JetStream struct {
 	js     jetstream.JetStream
 	stream jetstream.Stream
 	tmpl   subjectTemplate
-	run    runner
+	run    *runner
 	stats  counters
 	window time.Duration // the stream's duplicate window
 
@@ -124,7 +123,10 @@ func NewJetStream(ctx context.Context, store *outbox.Store, nc *nats.Conn, cfg J
 	if err := r.checkStream(ctx); err != nil {
 		return nil, err
 	}
-	r.run = runner{store: store, cfg: cfg.Config, relayOne: r.relayOne}
+	r.run, err = newRunner(store, cfg.Config, &r.stats, func(string) string { return r.cfg.Stream }, r.send)
+	if err != nil {
+		return nil, err
+	}
 	return r, nil
 }
 
@@ -200,22 +202,23 @@ func (r *JetStream) Run(ctx context.Context) error {
 }
 
 // natsMsg builds the message of one event: subject, headers, payload.
-func (r *JetStream) natsMsg(ev event) (*nats.Msg, error) {
-	m := &nats.Msg{Subject: r.tmpl.subject(ev.stream, ev.kind, ev.key, ev.orderingKey), Data: ev.payload,
-		Header: make(nats.Header, len(ev.metadata)+6)}
-	for k, v := range ev.metadata {
+func (r *JetStream) natsMsg(c outbox.Claimed) (*nats.Msg, error) {
+	md := userMetadata(c)
+	m := &nats.Msg{Subject: r.tmpl.subject(c.Stream, c.Kind, c.Key, c.OrderingKey), Data: c.Payload,
+		Header: make(nats.Header, len(md)+6)}
+	for k, v := range md {
 		if err := checkHeader(k, v); err != nil {
 			return nil, err
 		}
 		m.Header.Set(k, v)
 	}
-	m.Header.Set(jetstream.MsgIDHeader, MsgID(ev.stream, ev.key))
-	m.Header.Set(HeaderStream, ev.stream)
-	m.Header.Set(HeaderKind, ev.kind)
-	m.Header.Set(HeaderKey, ev.key)
-	if ev.orderingKey != "" {
-		m.Header.Set(HeaderOrderingKey, ev.orderingKey)
-		m.Header.Set(HeaderOrderingSeq, strconv.FormatInt(ev.orderingSeq, 10))
+	m.Header.Set(jetstream.MsgIDHeader, MsgID(c.Stream, c.Key))
+	m.Header.Set(HeaderStream, c.Stream)
+	m.Header.Set(HeaderKind, c.Kind)
+	m.Header.Set(HeaderKey, c.Key)
+	if c.OrderingKey != "" {
+		m.Header.Set(HeaderOrderingKey, c.OrderingKey)
+		m.Header.Set(HeaderOrderingSeq, strconv.FormatInt(c.OrderingSeq, 10))
 	}
 	return m, nil
 }
@@ -238,50 +241,34 @@ func checkHeader(k, v string) error {
 	return nil
 }
 
-// relayOne publishes one event and settles its outbox row: Ack after the
-// PubAck (new or duplicate), Nack (retried with backoff) on failure, dead
-// letter at once when it can never be published.
-func (r *JetStream) relayOne(stream string, msg *message.Message) {
-	ev := eventOf(stream, msg)
-	m, err := r.natsMsg(ev)
+// send publishes one event. Outside strict mode the publish is
+// asynchronous and the pipeline's confirmLoop waits for its PubAck, so a
+// whole window of publishes shares the connection's writes; a strict-mode
+// publish may need a read of the subject and a second publish, so it runs
+// on a goroutine of its own. A PubAck marked duplicate is a success.
+func (r *JetStream) send(p *pipeline, it *item) {
+	m, err := r.natsMsg(it.c)
 	if err != nil {
-		r.stats.dead.Add(1)
-		nack(msg, err.Error(), true)
+		p.finish(it, result{err: err, dead: true, reason: ReasonUnpublishable})
 		return
 	}
-	dup, err := r.publish(m, ev)
-	switch {
-	case err == nil:
-		if dup {
-			r.stats.duplicates.Add(1)
-		} else {
-			r.stats.published.Add(1)
-		}
-		msg.Ack()
-	case errors.Is(err, nats.ErrMaxPayload):
-		r.stats.dead.Add(1)
-		nack(msg, fmt.Sprintf("%v: %v", ErrUnpublishable, err), true)
-	default:
-		if errors.Is(err, ErrStrictConflict) {
-			r.stats.conflicts.Add(1)
-		}
-		r.stats.failed.Add(1)
-		r.cfg.Logger.Debug("publish failed; the event will be retried", "error", err.Error())
-		nack(msg, "relay: publish to JetStream: "+err.Error(), false)
+	if r.cfg.Strict {
+		go func() {
+			dup, err := r.publishStrict(m, it.c)
+			if err != nil && !errors.Is(err, ErrStrictConflict) {
+				err = fmt.Errorf("publish to JetStream: %w", err)
+			}
+			p.finish(it, result{dup: dup, err: err})
+		}()
+		return
 	}
-}
-
-// publish sends m and waits for its PubAck. dup reports a message JetStream
-// already had.
-func (r *JetStream) publish(m *nats.Msg, ev event) (dup bool, err error) {
-	if !r.cfg.Strict {
-		ack, err := r.publishAsync(m)
-		if err != nil {
-			return false, err
-		}
-		return ack.Duplicate, nil
+	fut, err := r.js.PublishMsgAsync(m)
+	if err != nil {
+		p.finish(it, result{err: fmt.Errorf("publish to JetStream: %w", err)})
+		return
 	}
-	return r.publishStrict(m, ev)
+	it.fut = fut
+	p.pending <- it // never blocks: it holds Window, one per unconfirmed publish
 }
 
 // publishAsync publishes through the asynchronous publisher (so publishes
@@ -302,7 +289,7 @@ func (r *JetStream) publishAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (*je
 
 // publishStrict publishes with the subject's expected last sequence and
 // resolves a mismatch by reading the subject's last message.
-func (r *JetStream) publishStrict(m *nats.Msg, ev event) (bool, error) {
+func (r *JetStream) publishStrict(m *nats.Msg, ev outbox.Claimed) (bool, error) {
 	id := m.Header.Get(jetstream.MsgIDHeader)
 	expected := r.lastSeq(m.Subject)
 	for range 3 {
@@ -330,10 +317,10 @@ func (r *JetStream) publishStrict(m *nats.Msg, ev event) (bool, error) {
 			r.setLastSeq(m.Subject, last.Sequence)
 			return true, nil // already published
 		}
-		if ev.orderingKey == "" || last.Header.Get(HeaderStream) != ev.stream || last.Header.Get(HeaderOrderingKey) != ev.orderingKey {
+		if ev.OrderingKey == "" || last.Header.Get(HeaderStream) != ev.Stream || last.Header.Get(HeaderOrderingKey) != ev.OrderingKey {
 			return false, ErrStrictConflict
 		}
-		if seq, _ := strconv.ParseInt(last.Header.Get(HeaderOrderingSeq), 10, 64); seq >= ev.orderingSeq {
+		if seq, _ := strconv.ParseInt(last.Header.Get(HeaderOrderingSeq), 10, 64); seq >= ev.OrderingSeq {
 			return false, fmt.Errorf("%w (a later event of the key is already there)", ErrStrictConflict)
 		}
 		// An earlier event of this key, published by another relay of

@@ -1,18 +1,24 @@
 package relay
 
 import (
+	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/cenkalti/backoff/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/millpond/millpond/outbox"
 )
@@ -24,7 +30,7 @@ const DefaultGroup = "relay"
 // Defaults of Config.
 const (
 	DefaultWindow         = 256
-	DefaultBatchSize      = 500
+	DefaultBatchSize      = outbox.MaxBatch
 	DefaultLease          = 30 * time.Second
 	DefaultMaxBackoff     = 10 * time.Second
 	DefaultPublishTimeout = 10 * time.Second
@@ -45,10 +51,13 @@ type Config struct {
 	// Window is the most events of one outbox stream published and not
 	// yet confirmed at once, across keys, 1-outbox.MaxBatch (default 256).
 	Window int
-	// BatchSize is the most events claimed at once (default 500).
+	// BatchSize is the most events claimed at once, 1-outbox.MaxBatch
+	// (default outbox.MaxBatch). The next claim overlaps the publishing of
+	// the previous one, so up to about twice as many events are claimed at
+	// once.
 	BatchSize int
-	// Lease is the claim lease (default 30 s), extended while a publish is
-	// pending.
+	// Lease is the claim lease (default 30 s), extended every Lease/3 until
+	// the event is settled.
 	Lease time.Duration
 	// MaxAttempts dead-letters an event after this many failed publishes
 	// (default outbox.MaxAttempts).
@@ -63,8 +72,9 @@ type Config struct {
 	// CloseTimeout is how long a stopping relay waits for publishes in
 	// flight (default 10 s).
 	CloseTimeout time.Duration
-	// PollInterval is how often an idle relay looks for events (the
-	// Subscriber's default when zero).
+	// PollInterval is how often an idle relay looks for events (default
+	// 1 s on a PostgreSQL store that listens for notifications, which wake
+	// the relay sooner; 50 ms otherwise).
 	PollInterval time.Duration
 	// Worker names this process in claimed rows (default host-pid-random).
 	Worker string
@@ -75,6 +85,11 @@ type Config struct {
 	// Logger receives the relay's logs (default: none). Keys, payloads
 	// and subjects are never logged.
 	Logger *slog.Logger
+	// MeterProvider receives the relay's metrics (see InstrumentationName
+	// and the package's Metrics section); default the global one
+	// (otel.GetMeterProvider), a no-op until the application installs an
+	// OpenTelemetry SDK.
+	MeterProvider metric.MeterProvider
 }
 
 func (c *Config) setDefaults() {
@@ -105,6 +120,27 @@ func (c *Config) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.Worker == "" {
+		c.Worker = defaultWorker()
+	}
+}
+
+// defaultWorker names this process in claimed rows: host-pid-random, in
+// the characters a worker name may hold.
+func defaultWorker() string {
+	host, _ := os.Hostname()
+	host = strings.Map(func(r rune) rune {
+		if r < 128 && (r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._:-", r)) {
+			return r
+		}
+		return '-'
+	}, host)
+	if host == "" {
+		host = "relay"
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%.64s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
 }
 
 func (c *Config) validate() error {
@@ -131,11 +167,11 @@ func (c *Config) validate() error {
 	if c.CloseTimeout < 0 {
 		return fmt.Errorf("%w: close timeout %s is negative", ErrInvalidConfig, c.CloseTimeout)
 	}
-	probe := outbox.ClaimRequest{Stream: c.Streams[0], Group: c.Group, Worker: "probe", Limit: c.BatchSize,
-		Lease: c.Lease, MaxAttempts: c.MaxAttempts, DeadLetterPolicy: c.DeadLetterPolicy}
-	if c.Worker != "" {
-		probe.Worker = c.Worker
+	if c.PollInterval < 0 || c.PollInterval > time.Hour {
+		return fmt.Errorf("%w: poll interval %s is outside 0-1h", ErrInvalidConfig, c.PollInterval)
 	}
+	probe := outbox.ClaimRequest{Stream: c.Streams[0], Group: c.Group, Worker: c.Worker, Limit: c.BatchSize,
+		Lease: c.Lease, MaxAttempts: c.MaxAttempts, DeadLetterPolicy: c.DeadLetterPolicy}
 	if err := probe.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
@@ -172,9 +208,11 @@ type Stats struct {
 	// Duplicate, or in strict mode the subject's last message): counted as
 	// success and acknowledged.
 	Duplicates int64
-	// Failed counts publishes that failed and were retried later.
+	// Failed counts failed publishes (each attempt), the unpublishable
+	// ones included.
 	Failed int64
-	// DeadLettered counts events that could never be published.
+	// DeadLettered counts events the relay dead-lettered: at once when
+	// they can never be published, or after a failure at the attempt limit.
 	DeadLettered int64
 	// Conflicts counts strict-mode conflicts (ErrStrictConflict).
 	Conflicts int64
@@ -189,93 +227,642 @@ func (c *counters) snapshot() Stats {
 		DeadLettered: c.dead.Load(), Conflicts: c.conflicts.Load()}
 }
 
-// runner consumes the relay's group on every stream and gives each message
-// to relayOne on one of Window workers.
+// runner consumes the relay's group on every outbox stream, each through a
+// pipeline, and gives each claimed event to send.
 type runner struct {
-	store    *outbox.Store
-	cfg      Config
-	relayOne func(stream string, msg *message.Message)
-	running  atomic.Bool
+	store *outbox.Store
+	cfg   Config
+	tel   *telemetry
+	// target names where the relay publishes, for the metrics.
+	target func(stream string) string
+	// send publishes one event and must call p.finish(it, …) exactly
+	// once, on any goroutine, when the outcome is known.
+	send    func(p *pipeline, it *item)
+	stats   *counters
+	running atomic.Bool
 }
 
-// run subscribes and relays until ctx ends, then stops gracefully:
-// publishes in flight are confirmed and acknowledged (up to CloseTimeout).
+// newRunner makes the runner of a relay whose configuration has its
+// defaults and was validated.
+func newRunner(store *outbox.Store, cfg Config, stats *counters, target func(string) string, send func(*pipeline, *item)) (*runner, error) {
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = 50 * time.Millisecond
+		if listening, _ := store.ListenerStatus(); listening {
+			cfg.PollInterval = time.Second
+		}
+	}
+	tel, err := newTelemetry(cfg.MeterProvider)
+	if err != nil {
+		return nil, err
+	}
+	return &runner{store: store, cfg: cfg, tel: tel, target: target, send: send, stats: stats}, nil
+}
+
+// item is one claimed event on its way through a pipeline.
+type item struct {
+	c         outbox.Claimed
+	claimedAt time.Time
+	fut       jetstream.PubAckFuture // the JetStream relay's pending publish
+}
+
+// result is the outcome of one publish.
+type result struct {
+	dup bool
+	err error
+	// dead dead-letters the event at once (it can never be published).
+	dead bool
+	// reason is the failure's class (a Reason constant); empty: from err.
+	reason string
+}
+
+// run relays until ctx ends, then stops gracefully: events claimed but not
+// yet published are released, publishes in flight are confirmed and
+// acknowledged (up to CloseTimeout).
 func (r *runner) run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return fmt.Errorf("%w: Run called twice", ErrInvalidConfig)
 	}
-	sub, err := outbox.NewSubscriber(r.store, outbox.SubscriberConfig{
-		ConsumerGroup: r.cfg.Group, Kinds: r.cfg.Kinds, Worker: r.cfg.Worker,
-		BatchSize: r.cfg.BatchSize, MaxInFlight: r.cfg.Window, Lease: r.cfg.Lease,
-		MaxAttempts: r.cfg.MaxAttempts, Backoff: r.cfg.backoff, PollInterval: r.cfg.PollInterval,
-		CloseTimeout: r.cfg.CloseTimeout, Logger: watermill.NewSlogLogger(r.cfg.Logger),
-		DeadLetterPolicy: r.cfg.DeadLetterPolicy,
-	})
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-	}
-	defer sub.Close()
-	var wg sync.WaitGroup
 	for _, stream := range r.cfg.Streams {
-		msgs, err := sub.Subscribe(ctx, stream)
-		if err != nil {
-			return fmt.Errorf("relay: subscribe: %w", err)
+		if err := r.store.RegisterGroup(ctx, stream, r.cfg.Group, r.cfg.Kinds...); err != nil {
+			return fmt.Errorf("relay: register the consumer group: %w", err)
 		}
-		// Window workers per stream; the Subscriber hands out at most
-		// Window messages at once per stream, so that is the bound.
-		for range r.cfg.Window {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for msg := range msgs {
-					r.relayOne(stream, msg)
-				}
-			}()
-		}
+	}
+	ps := make([]*pipeline, len(r.cfg.Streams))
+	for i, stream := range r.cfg.Streams {
+		ps[i] = newPipeline(r, stream)
+	}
+	if reg, err := r.tel.observeInFlight(ps); err == nil {
+		defer func() { _ = reg.Unregister() }()
+	} else {
+		r.cfg.Logger.Warn("relay: in-flight gauge not registered", "error", err.Error())
+	}
+	var wg sync.WaitGroup
+	for _, p := range ps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.run(ctx)
+		}()
 	}
 	wg.Wait()
 	return nil
 }
 
-// Metadata keys the outbox Subscriber sets or that name the event itself:
-// they become the relay's own headers (HeaderKind and the others) or are
-// dropped.
+// pipeline relays one outbox stream. Claimers claim batches of up to
+// BatchSize events with Store.Claim and hand them to the publisher; the
+// next claim runs while the previous batch is being published, and while
+// claims come back full two run at once. The publisher hands each event to
+// send, at most Window unconfirmed at once. Confirmed events go to the
+// acknowledger, which writes every acknowledgement waiting (up to
+// outbox.MaxBatch) in one AcknowledgeBatch; failed ones go to Store.Fail
+// (retry with backoff, dead letter at the limit). An extender renews the
+// leases of every claimed, unsettled event every Lease/3.
+//
+// Per-key order needs nothing here: the outbox hands a consumer group at
+// most one unsettled event per ordering key, so the events of one claim,
+// and of all claims in flight, have distinct ordering keys, and the next
+// event of a key is claimable only once this one is acknowledged, after its
+// PubAck.
+type pipeline struct {
+	r      *runner
+	stream string
+	tel    *streamTelemetry
+
+	stop    chan struct{}   // closed when the pipeline must stop claiming
+	batches chan []*item    // claimed, not yet published
+	more    chan struct{}   // a claim came back full: another claimer may claim
+	kick    chan struct{}   // acknowledged ordered events: claim again now
+	slots   chan struct{}   // one per unconfirmed publish (the window)
+	pending chan *item      // the JetStream relay's publishes, in order
+	acks    chan *item      // confirmed, to acknowledge
+	fails   chan failedItem // failed, to settle with Store.Fail
+
+	inflight sync.WaitGroup // one per send not finished
+	sendMu   sync.Mutex     // guards closed against finish
+	closed   bool           // acks and fails are closed: late outcomes are dropped
+
+	mu   sync.Mutex
+	held map[int64]outbox.Receipt // claimed, unsettled (for lease extension)
+}
+
+type failedItem struct {
+	it  *item
+	res result
+}
+
+func newPipeline(r *runner, stream string) *pipeline {
+	return &pipeline{
+		r: r, stream: stream, tel: r.tel.forStream(stream, r.cfg.Group, r.target(stream)),
+		stop:    make(chan struct{}),
+		batches: make(chan []*item, 1),
+		more:    make(chan struct{}, 1),
+		kick:    make(chan struct{}, 1),
+		slots:   make(chan struct{}, r.cfg.Window),
+		pending: make(chan *item, r.cfg.Window),
+		acks:    make(chan *item, outbox.MaxBatch),
+		fails:   make(chan failedItem, r.cfg.Window),
+		held:    map[int64]outbox.Receipt{},
+	}
+}
+
+func (p *pipeline) run(ctx context.Context) {
+	go func() {
+		<-ctx.Done()
+		close(p.stop)
+	}()
+	var claimer, background sync.WaitGroup
+	for i := range claimers {
+		claimer.Add(1)
+		go func() { defer claimer.Done(); p.claimLoop(i == 0) }()
+	}
+	published := make(chan struct{})
+	go func() { defer close(published); p.publishLoop() }()
+	acked := make(chan struct{})
+	go func() { defer close(acked); p.ackLoop() }()
+	failed := make(chan struct{})
+	go func() { defer close(failed); p.failLoop() }()
+	go p.confirmLoop()
+	extendStop := make(chan struct{})
+	background.Add(1)
+	go func() { defer background.Done(); p.extendLoop(extendStop) }()
+
+	claimer.Wait()
+	<-published
+	p.releaseQueued()
+	// Publishes in flight: wait for their outcomes, for CloseTimeout.
+	done := make(chan struct{})
+	go func() { p.inflight.Wait(); close(done) }()
+	timer := time.NewTimer(p.r.cfg.CloseTimeout)
+	select {
+	case <-done:
+	case <-timer.C:
+		p.r.cfg.Logger.Info("relay: publishes not confirmed before the close timeout; their events will be retried after their leases expire",
+			"in_flight", len(p.slots))
+	}
+	timer.Stop()
+	p.sendMu.Lock()
+	p.closed = true
+	close(p.acks)
+	close(p.fails)
+	p.sendMu.Unlock()
+	close(p.pending)
+	<-acked
+	<-failed
+	close(extendStop)
+	background.Wait()
+}
+
+// opCtx bounds one database call: it outlives the Run context (a stopping
+// relay still has acknowledgements to write) but not a hung connection.
+func (p *pipeline) opCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), max(p.r.cfg.Lease/2, 5*time.Second))
+}
+
+// confirmLoop waits for the JetStream relay's asynchronous publishes, in
+// the order they were sent (JetStream confirms them in that order, mostly),
+// and finishes each. It ends once pending is closed and drained; each
+// future resolves within PublishTimeout.
+func (p *pipeline) confirmLoop() {
+	for it := range p.pending {
+		fut := it.fut
+		it.fut = nil
+		select {
+		case ack := <-fut.Ok():
+			p.finish(it, result{dup: ack.Duplicate})
+		case err := <-fut.Err():
+			p.finish(it, result{err: fmt.Errorf("publish to JetStream: %w", err)})
+		}
+	}
+}
+
+// claimers is how many claims of a stream may run at once while it has a
+// backlog (claims that come back full); an idle stream is polled by one.
+// Claims skip each other's rows (SKIP LOCKED on PostgreSQL), so two overlap
+// the database's work (and its commit's flush) of one with the other's.
+const claimers = 2
+
+// claimLoop claims batches of up to BatchSize events and hands them to the
+// publisher. The first claimer (lead) polls: after a wake-up, an
+// acknowledgement of ordered events or a claim that found events it claims
+// again quickly (1 ms, doubling while claims come back empty, up to
+// PollInterval), so events of transactions that commit just after a wake-up
+// are found at once. The others claim only while claims come back full.
+func (p *pipeline) claimLoop(lead bool) {
+	var wake <-chan struct{}
+	if lead {
+		w, unwatch := p.r.store.Watch(p.stream, p.r.cfg.Group)
+		defer unwatch()
+		wake = w
+	}
+	idle := time.NewTimer(0)
+	defer idle.Stop()
+	failed := &backoff.ExponentialBackOff{
+		InitialInterval: 50 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: 5 * time.Second,
+	}
+	const quick = time.Millisecond
+	var wait time.Duration
+	for {
+		if !lead {
+			select {
+			case <-p.stop:
+				return
+			case <-p.more:
+			}
+		}
+		ctx, cancel := p.opCtx()
+		claimed, err := p.r.store.Claim(ctx, outbox.ClaimRequest{
+			Stream: p.stream, Group: p.r.cfg.Group, Worker: p.r.cfg.Worker, Limit: p.r.cfg.BatchSize, Lease: p.r.cfg.Lease,
+			MaxAttempts: p.r.cfg.MaxAttempts, DeadLetterPolicy: p.r.cfg.DeadLetterPolicy,
+		})
+		cancel()
+		if err != nil {
+			if !lead {
+				continue // the lead retries with backoff
+			}
+			delay := failed.NextBackOff()
+			p.r.cfg.Logger.Error("relay: claim failed; retrying", "error", err.Error(), "retry_in", delay.String())
+			idle.Reset(delay)
+			select {
+			case <-p.stop:
+				return
+			case <-wake:
+			case <-idle.C:
+			}
+			continue
+		}
+		failed.Reset()
+		full := len(claimed) == p.r.cfg.BatchSize
+		if full {
+			select { // another claimer may claim at once
+			case p.more <- struct{}{}:
+			default:
+			}
+		}
+		if len(claimed) > 0 {
+			now := time.Now()
+			batch := make([]*item, len(claimed))
+			p.mu.Lock()
+			for i, c := range claimed {
+				p.held[c.ID] = c.Receipt()
+				batch[i] = &item{c: c, claimedAt: now}
+			}
+			p.mu.Unlock()
+			select {
+			case p.batches <- batch:
+			case <-p.stop:
+				rs := make([]outbox.Receipt, len(claimed))
+				for i, c := range claimed {
+					rs[i] = c.Receipt()
+				}
+				p.release(rs...)
+				return
+			}
+		}
+		if !lead {
+			continue
+		}
+		switch {
+		case full:
+			wait = 0 // more may be due right now
+		case len(claimed) > 0:
+			wait = quick
+		default:
+			wait = min(max(2*wait, quick), p.r.cfg.PollInterval)
+		}
+		if wait == 0 {
+			select {
+			case <-p.stop:
+				return
+			default:
+				continue
+			}
+		}
+		idle.Reset(wait)
+	waiting:
+		for {
+			select {
+			case <-p.stop:
+				return
+			case <-wake:
+				if wait > quick {
+					break waiting
+				}
+			case <-p.kick:
+				break waiting
+			case <-idle.C:
+				break waiting
+			}
+		}
+	}
+}
+
+// publishLoop hands claimed events to send, keeping at most Window
+// unconfirmed. On stop, what it has not sent is released.
+func (p *pipeline) publishLoop() {
+	for {
+		select { // stopping wins over a ready batch
+		case <-p.stop:
+			return
+		default:
+		}
+		var batch []*item
+		select {
+		case <-p.stop:
+			return
+		case batch = <-p.batches:
+		}
+		for i, it := range batch {
+			select {
+			case p.slots <- struct{}{}:
+			case <-p.stop:
+				p.releaseItems(batch[i:])
+				return
+			}
+			p.inflight.Add(1)
+			p.r.send(p, it)
+		}
+	}
+}
+
+// finish takes the outcome of one send: a confirmed event goes to the
+// acknowledger, a failed one to Store.Fail. After the close timeout the
+// outcome is dropped (the lease expires and the event is retried, then
+// dropped as a duplicate if it had arrived).
+func (p *pipeline) finish(it *item, res result) {
+	defer p.inflight.Done()
+	defer func() { <-p.slots }()
+	ctx := context.Background()
+	stats := p.r.stats
+	if res.err == nil {
+		if res.dup {
+			stats.duplicates.Add(1)
+		} else {
+			stats.published.Add(1)
+		}
+		p.tel.confirmed(ctx, res.dup, it.claimedAt, it.c.CreatedAt)
+	} else {
+		if res.reason == "" {
+			res.reason = reasonOf(res.err)
+		}
+		if res.reason == ReasonUnpublishable {
+			res.dead = true
+		}
+		if errors.Is(res.err, ErrStrictConflict) {
+			stats.conflicts.Add(1)
+		}
+		stats.failed.Add(1)
+		p.tel.failed(ctx, res.reason)
+	}
+	p.sendMu.Lock()
+	defer p.sendMu.Unlock()
+	if p.closed {
+		return
+	}
+	if res.err == nil {
+		p.acks <- it
+	} else {
+		p.fails <- failedItem{it: it, res: res}
+	}
+}
+
+// ackLoop writes acknowledgements in batches: it waits for one, takes every
+// other one already waiting (at most MaxBatch), and writes them in one
+// statement.
+func (p *pipeline) ackLoop() {
+	batch := make([]outbox.Receipt, 0, cap(p.acks))
+	for it := range p.acks {
+		batch = append(batch[:0], it.c.Receipt())
+		ordered := it.c.OrderingKey != ""
+	more:
+		for len(batch) < cap(p.acks) {
+			select {
+			case it, ok := <-p.acks:
+				if !ok {
+					break more
+				}
+				batch = append(batch, it.c.Receipt())
+				ordered = ordered || it.c.OrderingKey != ""
+			default:
+				break more
+			}
+		}
+		var stale []outbox.Receipt
+		err := p.retry(func(ctx context.Context) error {
+			var err error
+			stale, err = p.r.store.AcknowledgeBatch(ctx, batch)
+			return err
+		})
+		p.forget(batch...)
+		switch {
+		case err != nil:
+			p.r.cfg.Logger.Error("relay: could not acknowledge published events; they will be published again after their leases expire (and dropped as duplicates)",
+				"error", err.Error(), "events", len(batch))
+		case len(stale) > 0:
+			p.r.cfg.Logger.Info("relay: published events had lost their leases and may be published again (and dropped as duplicates)", "events", len(stale))
+		}
+		if ordered {
+			// The next events of their keys became claimable.
+			select {
+			case p.kick <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// failLoop settles failed publishes: pending again after the backoff, or
+// dead-lettered at the attempt limit (at once when the event can never be
+// published).
+func (p *pipeline) failLoop() {
+	cfg := &p.r.cfg
+	for f := range p.fails {
+		c := f.it.c
+		fl := outbox.Failure{Reason: outbox.SanitizeErrorText(failureText(f.res.err)), MaxAttempts: cfg.MaxAttempts,
+			RetryDelay: cfg.backoff(c.Attempts), DeadLetterPolicy: cfg.DeadLetterPolicy}
+		if f.res.dead {
+			fl.MaxAttempts = min(max(c.Attempts, 1), outbox.MaxAttempts)
+		}
+		var out outbox.FailOutcome
+		err := p.retry(func(ctx context.Context) error {
+			var err error
+			out, err = p.r.store.Fail(ctx, c.Receipt(), fl)
+			return err
+		})
+		p.forget(c.Receipt())
+		switch {
+		case errors.Is(err, outbox.ErrStaleClaim):
+			cfg.Logger.Info("relay: a failed event had lost its lease; it is retried elsewhere")
+		case err != nil:
+			cfg.Logger.Error("relay: could not record a failed publish; the event will be retried after its lease expires", "error", err.Error())
+		case out.DeadLettered:
+			p.r.stats.dead.Add(1)
+			p.tel.deadLettered(context.Background(), f.res.reason)
+			cfg.Logger.Warn("relay: event dead-lettered", "attempts", c.Attempts, "reason", f.res.reason)
+		default:
+			cfg.Logger.Debug("relay: publish failed; the event will be retried", "error", fl.Reason)
+		}
+	}
+}
+
+// failureText is the stored reason of a failed publish; it holds no key,
+// subject or payload.
+func failureText(err error) string {
+	if errors.Is(err, ErrUnpublishable) || errors.Is(err, ErrStrictConflict) {
+		return err.Error()
+	}
+	if errors.Is(err, nats.ErrMaxPayload) {
+		return fmt.Sprintf("%v: %v", ErrUnpublishable, err)
+	}
+	return "relay: " + err.Error()
+}
+
+// retry runs op until it succeeds, fails with a stale claim, or Lease/2
+// has passed, backing off from 50 ms to 1 s with jitter: long enough to
+// ride out a database restart without giving up on acknowledgements. Once
+// the pipeline is stopping it keeps trying for at most another second (the
+// leases of what it gives up expire, and the events are retried).
+func (p *pipeline) retry(op func(ctx context.Context) error) error {
+	b := &backoff.ExponentialBackOff{InitialInterval: 50 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: time.Second}
+	deadline := time.Now().Add(p.r.cfg.Lease / 2)
+	stop := p.stop
+	for {
+		ctx, cancel := p.opCtx()
+		err := op(ctx)
+		cancel()
+		wait := b.NextBackOff()
+		if err == nil || errors.Is(err, outbox.ErrStaleClaim) || time.Now().Add(wait).After(deadline) {
+			return err
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-stop:
+			stop = nil
+			if soon := time.Now().Add(time.Second); soon.Before(deadline) {
+				deadline = soon
+			}
+			<-timer.C
+		case <-timer.C:
+		}
+	}
+}
+
+// forget stops extending the leases of settled events.
+func (p *pipeline) forget(rs ...outbox.Receipt) {
+	p.mu.Lock()
+	for _, r := range rs {
+		if held, ok := p.held[r.ID]; ok && held.ClaimKey == r.ClaimKey {
+			delete(p.held, r.ID)
+		}
+	}
+	p.mu.Unlock()
+}
+
+// release hands claimed, unpublished events back at once.
+func (p *pipeline) release(rs ...outbox.Receipt) {
+	defer p.forget(rs...)
+	for start := 0; start < len(rs); start += outbox.MaxBatch {
+		chunk := rs[start:min(start+outbox.MaxBatch, len(rs))]
+		ctx, cancel := p.opCtx()
+		_, err := p.r.store.Release(ctx, chunk...)
+		cancel()
+		if err != nil {
+			p.r.cfg.Logger.Error("relay: could not release claimed events; their leases will expire", "error", err.Error(), "events", len(chunk))
+		}
+	}
+}
+
+// releaseItems hands claimed, unpublished events back at once.
+func (p *pipeline) releaseItems(items []*item) {
+	if len(items) == 0 {
+		return
+	}
+	rs := make([]outbox.Receipt, len(items))
+	for i, it := range items {
+		rs[i] = it.c.Receipt()
+	}
+	p.release(rs...)
+}
+
+// releaseQueued hands back every batch claimed but never published.
+func (p *pipeline) releaseQueued() {
+	var items []*item
+	for {
+		select {
+		case batch := <-p.batches:
+			items = append(items, batch...)
+		default:
+			p.releaseItems(items)
+			return
+		}
+	}
+}
+
+// extendChunk is the most leases one extension statement renews.
+const extendChunk = 250
+
+// extendLoop renews the lease of every claimed, unsettled event every
+// Lease/3, so a batch that takes long to publish (a slow broker, retries
+// of the async publisher) keeps its claims.
+func (p *pipeline) extendLoop(stop <-chan struct{}) {
+	ticker := time.NewTicker(p.r.cfg.Lease / 3)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-ticker.C:
+		}
+		p.mu.Lock()
+		rs := make([]outbox.Receipt, 0, len(p.held))
+		for _, r := range p.held {
+			rs = append(rs, r)
+		}
+		p.mu.Unlock()
+		slices.SortFunc(rs, func(a, b outbox.Receipt) int { return cmp.Compare(a.ID, b.ID) })
+		lost := 0
+		for start := 0; start < len(rs); start += extendChunk {
+			chunk := rs[start:min(start+extendChunk, len(rs))]
+			ctx, cancel := p.opCtx()
+			_, stale, err := p.r.store.ExtendBatch(ctx, chunk, p.r.cfg.Lease)
+			cancel()
+			if err != nil {
+				p.r.cfg.Logger.Error("relay: could not extend leases", "error", err.Error(), "events", len(chunk))
+				continue
+			}
+			// An event settled meanwhile is stale to Extend but not lost.
+			p.mu.Lock()
+			for _, r := range stale {
+				if held, ok := p.held[r.ID]; ok && held.ClaimKey == r.ClaimKey {
+					lost++
+				}
+			}
+			p.mu.Unlock()
+		}
+		if lost > 0 {
+			p.r.cfg.Logger.Info("relay: some claimed events lost their leases and may be published elsewhere (and dropped as duplicates)", "events", lost)
+		}
+	}
+}
+
+// Metadata keys the outbox sets or that name the event itself: they become
+// the relay's own headers (HeaderKind and the others) or are dropped.
 var internalMetadata = []string{
 	outbox.MetadataKind, outbox.MetadataEventKey, outbox.MetadataAttempt, outbox.MetadataEventID,
 	outbox.MetadataOrderingKey, outbox.MetadataOrderingSeq, outbox.MetadataHandlerError, outbox.MetadataDeadLetterNow,
 }
 
-// event is what a relay publishes, read back from the Subscriber's message.
-type event struct {
-	stream, key, kind, orderingKey string
-	orderingSeq                    int64
-	payload                        []byte
-	metadata                       map[string]string // the application's metadata only
-}
-
-func eventOf(stream string, msg *message.Message) event {
-	ev := event{stream: stream, key: msg.UUID, kind: msg.Metadata.Get(outbox.MetadataKind),
-		orderingKey: msg.Metadata.Get(outbox.MetadataOrderingKey), payload: msg.Payload,
-		metadata: make(map[string]string, len(msg.Metadata))}
-	ev.orderingSeq, _ = strconv.ParseInt(msg.Metadata.Get(outbox.MetadataOrderingSeq), 10, 64)
-	for k, v := range msg.Metadata {
+// userMetadata is the application's metadata of a claimed event: what a
+// relay publishes besides its own headers.
+func userMetadata(c outbox.Claimed) map[string]string {
+	md := make(map[string]string, len(c.Metadata))
+	for k, v := range c.Metadata {
 		if slices.Contains(internalMetadata, k) || strings.HasPrefix(k, "millpond_") {
 			continue
 		}
-		if k == outbox.MetadataCQRSName && v == ev.kind {
+		if k == outbox.MetadataCQRSName && v == c.Kind {
 			continue // the Subscriber's default
 		}
-		ev.metadata[k] = v
+		md[k] = v
 	}
-	return ev
-}
-
-// nack fails the message with a reason that holds no key, subject or
-// payload; dead dead-letters it at once.
-func nack(msg *message.Message, reason string, dead bool) {
-	msg.Metadata.Set(outbox.MetadataHandlerError, outbox.SanitizeErrorText(reason))
-	if dead {
-		msg.Metadata.Set(outbox.MetadataDeadLetterNow, "true")
-	}
-	msg.Nack()
+	return md
 }

@@ -44,7 +44,7 @@ type WatermillConfig struct {
 type Watermill struct {
 	cfg   WatermillConfig
 	pub   message.Publisher
-	run   runner
+	run   *runner
 	stats counters
 }
 
@@ -61,7 +61,10 @@ func NewWatermill(store *outbox.Store, pub message.Publisher, cfg WatermillConfi
 		cfg.Topic = func(stream string) string { return stream }
 	}
 	w := &Watermill{cfg: cfg, pub: pub}
-	w.run = runner{store: store, cfg: cfg.Config, relayOne: w.relayOne}
+	var err error
+	if w.run, err = newRunner(store, cfg.Config, &w.stats, cfg.Topic, w.send); err != nil {
+		return nil, err
+	}
 	return w, nil
 }
 
@@ -74,29 +77,30 @@ func (w *Watermill) Run(ctx context.Context) error {
 	w.cfg.Logger.Info("relay started", "outbox_streams", len(w.cfg.Streams), "group", w.cfg.Group, "window", w.cfg.Window)
 	err := w.run.run(ctx)
 	s := w.Stats()
-	w.cfg.Logger.Info("relay stopped", "published", s.Published, "failed", s.Failed)
+	w.cfg.Logger.Info("relay stopped", "published", s.Published, "failed", s.Failed, "dead_lettered", s.DeadLettered)
 	return err
 }
 
-func (w *Watermill) relayOne(stream string, msg *message.Message) {
-	ev := eventOf(stream, msg)
-	out := message.NewMessage(ev.key, ev.payload)
-	for k, v := range ev.metadata {
-		out.Metadata.Set(k, v)
-	}
-	out.Metadata.Set(MetadataStream, ev.stream)
-	out.Metadata.Set(MetadataKind, ev.kind)
-	out.Metadata.Set(MetadataKey, ev.key)
-	if ev.orderingKey != "" {
-		out.Metadata.Set(MetadataOrderingKey, ev.orderingKey)
-		out.Metadata.Set(MetadataOrderingSeq, strconv.FormatInt(ev.orderingSeq, 10))
-	}
-	if err := w.pub.Publish(w.cfg.Topic(stream), out); err != nil {
-		w.stats.failed.Add(1)
-		w.cfg.Logger.Debug("publish failed; the event will be retried", "error", err.Error())
-		nack(msg, "relay: publish: "+err.Error(), false)
-		return
-	}
-	w.stats.published.Add(1)
-	msg.Ack()
+// send publishes one event on a goroutine of its own (Publish is
+// synchronous; Window bounds the goroutines).
+func (w *Watermill) send(p *pipeline, it *item) {
+	go func() {
+		c := it.c
+		out := message.NewMessage(c.Key, c.Payload)
+		for k, v := range userMetadata(c) {
+			out.Metadata.Set(k, v)
+		}
+		out.Metadata.Set(MetadataStream, c.Stream)
+		out.Metadata.Set(MetadataKind, c.Kind)
+		out.Metadata.Set(MetadataKey, c.Key)
+		if c.OrderingKey != "" {
+			out.Metadata.Set(MetadataOrderingKey, c.OrderingKey)
+			out.Metadata.Set(MetadataOrderingSeq, strconv.FormatInt(c.OrderingSeq, 10))
+		}
+		if err := w.pub.Publish(w.cfg.Topic(c.Stream), out); err != nil {
+			p.finish(it, result{err: fmt.Errorf("publish: %w", err), reason: ReasonPublisher})
+			return
+		}
+		p.finish(it, result{})
+	}()
 }

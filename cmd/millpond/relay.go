@@ -45,12 +45,12 @@ func cmdRelay(e *env, args []string) error {
 	strict := fs.Bool("strict", false, "strict mode: expected last sequence per subject instead of the duplicate window")
 	group := fs.String("group", relay.DefaultGroup, "the relay's consumer group")
 	window := fs.Int("window", relay.DefaultWindow, "publishes in flight per stream")
-	batch := fs.Int("batch", relay.DefaultBatchSize, "events claimed at once")
+	batch := fs.Int("batch", relay.DefaultBatchSize, "events claimed at once (at most 1000)")
 	lease := fs.Duration("lease", relay.DefaultLease, "claim lease")
 	maxBackoff := fs.Duration("max-backoff", relay.DefaultMaxBackoff, "longest retry delay after a failed publish")
 	publishTimeout := fs.Duration("publish-timeout", relay.DefaultPublishTimeout, "wait for a PubAck at most this long")
 	closeTimeout := fs.Duration("close-timeout", relay.DefaultCloseTimeout, "on stop, wait this long for publishes in flight")
-	poll := fs.Duration("poll", 0, "idle poll interval (default: the subscriber's)")
+	poll := fs.Duration("poll", 0, "idle poll interval (default 1s on PostgreSQL, woken sooner by notifications; 50ms otherwise)")
 	verbose := fs.Bool("v", false, "log every failed publish (debug level)")
 	dbFlag := addDBFlag(fs)
 	pos, err := parse(fs, args)
@@ -112,7 +112,7 @@ func cmdRelay(e *env, args []string) error {
 		return fmt.Errorf("relay: %s", db.addr.Scrub(err.Error()))
 	}
 	st := r.Stats()
-	fmt.Fprintf(e.stdout, "relay stopped: %d published, %d duplicates dropped by JetStream, %d failed publishes retried, %d dead-lettered\n",
+	fmt.Fprintf(e.stdout, "relay stopped: %d published, %d duplicates dropped by JetStream, %d failed publishes (retried or dead-lettered), %d dead-lettered\n",
 		st.Published, st.Duplicates, st.Failed, st.DeadLettered)
 	return nil
 }

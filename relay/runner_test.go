@@ -1,0 +1,179 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millpond/millpond/internal/testdb"
+	"github.com/millpond/millpond/outbox"
+	"github.com/millpond/millpond/relay"
+)
+
+// recordingPublisher records every message; publishes of the keys in slow
+// wait for release (or 3 s) first.
+type recordingPublisher struct {
+	mu      sync.Mutex
+	got     map[string]int
+	slow    map[string]bool
+	release chan struct{}
+	started atomic.Int64 // slow publishes started
+}
+
+func newRecordingPublisher(slow ...string) *recordingPublisher {
+	p := &recordingPublisher{got: map[string]int{}, slow: map[string]bool{}, release: make(chan struct{})}
+	for _, k := range slow {
+		p.slow[k] = true
+	}
+	return p
+}
+
+func (p *recordingPublisher) Publish(_ string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		if p.slow[m.UUID] {
+			p.started.Add(1)
+			select {
+			case <-p.release:
+			case <-time.After(3 * time.Second):
+			}
+		}
+		p.mu.Lock()
+		p.got[m.UUID]++
+		p.mu.Unlock()
+	}
+	return nil
+}
+
+func (p *recordingPublisher) Close() error { return nil }
+
+func (p *recordingPublisher) count(key string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.got[key]
+}
+
+func events(n int) []outbox.Event {
+	var evs []outbox.Event
+	for i := range n {
+		evs = append(evs, outbox.Event{Stream: "s", Key: fmt.Sprintf("e%d", i), Kind: "K", Payload: []byte("x")})
+	}
+	return evs
+}
+
+// TestLeaseExtendedWhilePublishing: with a 1 s lease, a publish that takes
+// 3 s keeps its claim (the relay extends the lease every Lease/3), so the
+// event is neither claimed again nor published twice.
+func TestLeaseExtendedWhilePublishing(t *testing.T) {
+	db := testdb.New(t, "postgres")
+	store := db.Store(t)
+	ctx := context.Background()
+	if err := store.RegisterGroup(ctx, "s", relay.DefaultGroup); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, db, store, events(5)...)
+	pub := newRecordingPublisher("e1")
+	w, err := relay.NewWatermill(store, pub, relay.WatermillConfig{Config: relay.Config{Streams: []string{"s"}, Window: 4,
+		Lease: time.Second, PollInterval: 20 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, w.Run, delivered(t, db, 5))
+	if n := pub.count("e1"); n != 1 {
+		t.Errorf("the slow event was published %d times, want 1", n)
+	}
+	if n := db.Count(t, "SELECT count(*) FROM millpond_outbox WHERE consumer_group = 'relay' AND attempts <> 1"); n != 0 {
+		t.Errorf("%d events were claimed more than once", n)
+	}
+}
+
+// TestStopReleasesUnpublishedAndSettlesInFlight: a relay stopped while a
+// publish is in flight waits for it (within CloseTimeout) and acknowledges
+// it, and hands the events it claimed but did not publish back at once,
+// without counting an attempt.
+func TestStopReleasesUnpublishedAndSettlesInFlight(t *testing.T) {
+	db := testdb.New(t, "postgres")
+	store := db.Store(t)
+	ctx := context.Background()
+	if err := store.RegisterGroup(ctx, "s", relay.DefaultGroup); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, db, store, events(10)...)
+	pub := newRecordingPublisher("e0")
+	w, err := relay.NewWatermill(store, pub, relay.WatermillConfig{Config: relay.Config{Streams: []string{"s"}, Window: 1,
+		Lease: time.Minute, CloseTimeout: 5 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(runCtx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for pub.started.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the first publish did not start")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	stop()
+	time.Sleep(200 * time.Millisecond)
+	close(pub.release) // the publish in flight completes after the stop
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := db.Count(t, "SELECT count(*) FROM millpond_outbox WHERE consumer_group = 'relay' AND event_key = 'e0' AND status = 'delivered'"); n != 1 {
+		t.Error("the event published during the stop was not acknowledged")
+	}
+	if n := db.Count(t, "SELECT count(*) FROM millpond_outbox WHERE consumer_group = 'relay' AND status = 'pending' AND attempts = 0"); n != 9 {
+		t.Errorf("%d events pending with no attempt counted, want the 9 claimed but not published", n)
+	}
+	if s := w.Stats(); s.Published != 1 {
+		t.Errorf("stats %+v, want 1 published", s)
+	}
+}
+
+// TestIdleRelayWokenByNotification: an idle relay polls less and less
+// often (up to PollInterval, an hour here), but an event committed by
+// another process's store reaches it at once through PostgreSQL's
+// notification (Store.Watch).
+func TestIdleRelayWokenByNotification(t *testing.T) {
+	db := testdb.New(t, "postgres")
+	relayStore, producer := db.Store(t), db.Store(t)
+	if listening, _ := relayStore.ListenerStatus(); !listening {
+		t.Fatal("the test store does not listen for notifications")
+	}
+	ctx := context.Background()
+	if err := relayStore.RegisterGroup(ctx, "s", relay.DefaultGroup); err != nil {
+		t.Fatal(err)
+	}
+	pub := newRecordingPublisher()
+	w, err := relay.NewWatermill(relayStore, pub, relay.WatermillConfig{Config: relay.Config{Streams: []string{"s"}, PollInterval: time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(runCtx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	// Idle for 6 s: its polls back off (1 ms doubling: the last one near
+	// 4.1 s, the next near 8.2 s).
+	time.Sleep(6 * time.Second)
+	enqueue(t, db, producer, outbox.Event{Stream: "s", Key: "late", Kind: "K", Payload: []byte("x")})
+	start := time.Now()
+	for pub.count("late") == 0 {
+		if time.Since(start) > time.Second {
+			t.Fatal("the committed event was not relayed within 1 s: the notification did not wake the relay")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("relayed %s after the commit", time.Since(start).Round(time.Millisecond))
+}
