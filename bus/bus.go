@@ -135,7 +135,7 @@ func New(store *outbox.Store, cfg Config, hs ...handlers.Handler) (*Bus, error) 
 	if cfg.CloseTimeout == 0 {
 		cfg.CloseTimeout = cfg.Subscriber.CloseTimeout + 5*time.Second
 	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: cfg.CloseTimeout}, cfg.Logger)
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: cfg.CloseTimeout}, outbox.RedactingLogger(cfg.Logger))
 	if err != nil {
 		return nil, fmt.Errorf("bus: %w", err)
 	}

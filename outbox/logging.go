@@ -1,0 +1,72 @@
+package outbox
+
+import "github.com/ThreeDotsLabs/watermill"
+
+// RedactedField is what RedactingLogger logs in place of a message UUID.
+const RedactedField = "[redacted]"
+
+// redactedLogFields are the Watermill log fields that hold a message UUID:
+// the router's (handler errors, acks, nacks), its CQRS processors' and its
+// middleware's. A message of a Subscriber has the event key as its UUID.
+var redactedLogFields = []string{"message_uuid"}
+
+// RedactingLogger wraps a Watermill logger so that the message UUIDs
+// Watermill's router, CQRS processors and middleware add to their log lines
+// ("message_uuid") are replaced by RedactedField. A message of an outbox
+// Subscriber carries the event key as its UUID, and event keys may hold
+// customer data (an email address, an order number), which never belongs in
+// logs. bus.New wraps its logger with it; wrap the logger of a Watermill
+// router of your own that reads an outbox.Subscriber the same way:
+//
+//	router, err := message.NewRouter(message.RouterConfig{}, outbox.RedactingLogger(logger))
+//
+// A nil logger gives nil (the router then uses its no-op logger).
+func RedactingLogger(l watermill.LoggerAdapter) watermill.LoggerAdapter {
+	if l == nil {
+		return nil
+	}
+	if _, ok := l.(redactingLogger); ok {
+		return l
+	}
+	return redactingLogger{l}
+}
+
+type redactingLogger struct{ next watermill.LoggerAdapter }
+
+// redact returns fields without message UUIDs, copying only when one is there.
+func redact(fields watermill.LogFields) watermill.LogFields {
+	var out watermill.LogFields
+	for _, k := range redactedLogFields {
+		if _, ok := fields[k]; !ok {
+			continue
+		}
+		if out == nil {
+			out = fields.Copy()
+		}
+		out[k] = RedactedField
+	}
+	if out == nil {
+		return fields
+	}
+	return out
+}
+
+func (r redactingLogger) Error(msg string, err error, fields watermill.LogFields) {
+	r.next.Error(msg, err, redact(fields))
+}
+
+func (r redactingLogger) Info(msg string, fields watermill.LogFields) {
+	r.next.Info(msg, redact(fields))
+}
+
+func (r redactingLogger) Debug(msg string, fields watermill.LogFields) {
+	r.next.Debug(msg, redact(fields))
+}
+
+func (r redactingLogger) Trace(msg string, fields watermill.LogFields) {
+	r.next.Trace(msg, redact(fields))
+}
+
+func (r redactingLogger) With(fields watermill.LogFields) watermill.LoggerAdapter {
+	return redactingLogger{r.next.With(redact(fields))}
+}
