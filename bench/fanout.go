@@ -182,8 +182,9 @@ func measureFanoutDelivery(ctx context.Context, db *database, cfg config, sys fa
 	return float64(groups*n) / (last - time.Duration(start)).Seconds(), nil
 }
 
-// millpondFanout: a row per event and group in millpond_outbox; each group
-// read by a bare Subscriber (batch 1000, -workers in flight).
+// millpondFanout: an event row in millpond_events and a delivery row per
+// event and group in millpond_deliveries; each group read by a bare
+// Subscriber (batch 1000, -workers in flight).
 type millpondFanout struct {
 	workers  int
 	store    *outbox.Store
@@ -228,7 +229,7 @@ func (m *millpondFanout) enqueue(ctx context.Context, tx *benchTx, payload []byt
 	return err
 }
 
-func (m *millpondFanout) tables() []string { return []string{"millpond_outbox"} }
+func (m *millpondFanout) tables() []string { return []string{"millpond_events", "millpond_deliveries"} }
 
 func (m *millpondFanout) start(ctx context.Context, hs []*tracker) error {
 	m.subs = nil

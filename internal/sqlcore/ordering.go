@@ -86,6 +86,14 @@ func (c *Core) enqueueOrdered(ctx context.Context, tx Executor, ev Event, payloa
 		if err != nil || found.ID > 0 {
 			return found, err
 		}
+		eid, err := c.insertEvent(ctx, tx, vals)
+		if err != nil {
+			return Enqueued{}, err
+		}
+		if eid == 0 {
+			return c.existing(ctx, tx, ev, hash)
+		}
+		vals["eid"] = eid
 		groups, err := c.queryString(ctx, tx, c.stmts.orderedGroups, vals)
 		if err != nil {
 			return Enqueued{}, err
