@@ -263,10 +263,12 @@ RETURNING id`
 		s.enqueueNotify = c(fmt.Sprintf(enqueue, `,
 n AS (SELECT pg_notify('`+NotifyChannel+`', @stream::TEXT))`, ", n"))
 		dead := deadAt("o.", "@hold::BOOLEAN")
+		// id + 0 is the due index's last column (see migration 0004): the
+		// planner cannot take the primary key's order instead.
 		s.claim = c(`WITH due AS (
   SELECT id, status FROM millpond_deliveries
   WHERE stream = @stream AND consumer_group = @group AND NOT settled AND available_at <= @now
-  ORDER BY id LIMIT @limit
+  ORDER BY id + 0 LIMIT @limit
   FOR UPDATE SKIP LOCKED
 ), claimed AS (
   UPDATE millpond_deliveries o SET

@@ -66,7 +66,11 @@ BEGIN
     END IF;
 END
 $$;
-CREATE INDEX IF NOT EXISTS millpond_deliveries_due_idx ON millpond_deliveries (stream, consumer_group, id)
+-- The claim orders by id + 0, which only this index provides: ordered by
+-- id, the planner would walk the primary key and filter, through every row
+-- of the streams before this one when the stream is a large part of the
+-- table (53 ms against 3 ms for a claim of 100 behind 100,000 rows).
+CREATE INDEX IF NOT EXISTS millpond_deliveries_due_idx ON millpond_deliveries (stream, consumer_group, (id + 0))
     WHERE NOT settled;
 CREATE INDEX IF NOT EXISTS millpond_deliveries_dead_idx ON millpond_deliveries (stream, consumer_group, id)
     WHERE settled AND delivered_at = 0;

@@ -56,7 +56,7 @@ BEGIN
 END
 $$;
 -- +goose StatementEnd
-CREATE INDEX IF NOT EXISTS millpond_deliveries_due_idx ON millpond_deliveries (stream, consumer_group, id)
+CREATE INDEX IF NOT EXISTS millpond_deliveries_due_idx ON millpond_deliveries (stream, consumer_group, (id + 0))
     WHERE NOT settled;
 CREATE INDEX IF NOT EXISTS millpond_deliveries_dead_idx ON millpond_deliveries (stream, consumer_group, id)
     WHERE settled AND delivered_at = 0;
