@@ -737,3 +737,31 @@ func freshMigratedDump(t *testing.T) []string {
 	}
 	return dumpOutbox(t, s.SQLDB(), "mysql")
 }
+
+// TestMigrateDownFromVersion3: Store.MigrateDown on a schema that never
+// reached version 4 reverts it (step 4's down changes nothing there).
+func TestMigrateDownFromVersion3(t *testing.T) {
+	for _, dialect := range testdb.Dialects {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			db := testdb.New(t, dialect)
+			s := unmigratedStore(t, db)
+			installVersion3(t, s.SQLDB(), dialect)
+			writeVersion3(t, s.SQLDB(), dialect, v4Rows())
+			if err := s.MigrateDown(context.Background()); err != nil {
+				t.Fatalf("MigrateDown from version 3: %v", err)
+			}
+			if n := millpondTables(t, s); n != 0 {
+				t.Fatalf("MigrateDown from version 3 left %d tables", n)
+			}
+			q := map[string]string{
+				"postgres": "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = 'millpond_outbox'",
+				"mysql":    "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = 'millpond_outbox'",
+				"sqlite":   "SELECT COUNT(*) FROM sqlite_master WHERE name = 'millpond_outbox'",
+			}[dialect]
+			if n := db.Count(t, q); n != 0 {
+				t.Fatal("MigrateDown from version 3 left millpond_outbox")
+			}
+		})
+	}
+}
