@@ -30,7 +30,7 @@ CREATE TABLE IF NOT EXISTS millpond_deliveries (
     claimed_by     VARCHAR(128) NOT NULL DEFAULT '',
     last_error     VARCHAR(512) NOT NULL DEFAULT '',
     CONSTRAINT millpond_deliveries_event_unique UNIQUE (event_id, consumer_group)
-) WITH (fillfactor = 50);
+) WITH (fillfactor = 40);
 -- +goose StatementBegin
 DO $$
 BEGIN
