@@ -190,13 +190,9 @@ func (c *Core) Enqueue(ctx context.Context, tx Executor, ev Event, notify bool) 
 		args = stmt.args(vals)
 	} else {
 		// The event's content first (nothing when it is known), then its
-		// delivery rows.
-		if c.dialect == MySQL {
-			found, err := c.lookup(ctx, tx, c.stmts.existing, ev, hash)
-			if err != nil || found.ID > 0 {
-				return found, err
-			}
-		}
+		// delivery rows. (The event's INSERT reads no other row, so on
+		// MySQL it takes no share locks that concurrent enqueues could
+		// deadlock on; a known key goes to the locking read of existing.)
 		eid, err := c.insertEvent(ctx, tx, vals)
 		if err != nil || eid == 0 {
 			if err != nil {

@@ -459,8 +459,9 @@ ON DUPLICATE KEY UPDATE id = id`)
 FROM (` + strings.Replace(groups, "%s", "FROM DUAL", 1) + `) g`)
 		// In REPEATABLE READ an INSERT ... SELECT share-locks the rows and gaps
 		// it reads, so concurrent enqueues would deadlock on a known-event
-		// probe inside it; MySQL runs the probe first as a plain (lock-free)
-		// read instead (Core.Enqueue).
+		// probe inside it: the event's key is checked by the events' unique
+		// index instead (insertEvent, a plain INSERT ... VALUES), and the
+		// delivery rows' INSERT ... SELECT reads only the subscriptions.
 		// A claim finds due rows with a plain read of the due index, then
 		// locks them through the primary key, in id order, skipping rows
 		// another transaction holds. Locking while scanning the due index
