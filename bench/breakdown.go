@@ -18,8 +18,12 @@ import (
 // statements that add one of the enqueue's duties at a time, so the cost of
 // each duty is measured rather than guessed. The last step is the library
 // itself.
-const breakdownInsert = `INSERT INTO millpond_outbox (stream, consumer_group, event_key, event_kind, payload, metadata, content_hash, status, available_at, created_at)
-`
+const breakdownInsert = `WITH ev AS (
+  INSERT INTO millpond_events (stream, event_key, event_kind, payload, metadata, content_hash, created_at)
+  VALUES ($1, $2, $3, $4, $5, $6, $7)%s
+  RETURNING id)
+INSERT INTO millpond_deliveries (event_id, stream, consumer_group, status, available_at)
+SELECT id, $1, '', 'pending', $7 FROM ev`
 
 // breakdownStep is one statement of the breakdown.
 type breakdownStep struct {
@@ -30,21 +34,14 @@ type breakdownStep struct {
 
 var breakdownSteps = []breakdownStep{
 	{
-		name:  "outbox row, plain INSERT … VALUES",
-		adds:  "the wider row and the outbox's indexes (primary key, idempotency key, due events)",
-		query: breakdownInsert + `VALUES ($1, '', $2, $3, $4, $5, $6, 'pending', $7, $7)`,
+		name:  "event row and delivery row, plain INSERTs",
+		adds:  "the event and delivery rows and their indexes (primary keys, idempotency key, due events)",
+		query: fmt.Sprintf(breakdownInsert, ""),
 	},
 	{
 		name:  "+ ON CONFLICT DO NOTHING RETURNING id",
-		adds:  "racing enqueues of one key resolve without failing the caller's transaction",
-		query: breakdownInsert + `VALUES ($1, '', $2, $3, $4, $5, $6, 'pending', $7, $7) ON CONFLICT (stream, event_key, consumer_group) DO NOTHING RETURNING id`,
-	},
-	{
-		name: "+ probe of the key in every group",
-		adds: "idempotency and the content check across consumer groups",
-		query: breakdownInsert + `SELECT $1::VARCHAR, '', $2::VARCHAR, $3::VARCHAR, $4::BYTEA, $5::TEXT, $6::BYTEA, 'pending', $7::BIGINT, $7::BIGINT
-WHERE NOT EXISTS (SELECT 1 FROM millpond_outbox k WHERE k.stream = $1 AND k.event_key = $2)
-ON CONFLICT (stream, event_key, consumer_group) DO NOTHING RETURNING id`,
+		adds:  "racing enqueues of one key resolve without failing the caller's transaction; idempotency and the content check",
+		query: fmt.Sprintf(breakdownInsert, "\n  ON CONFLICT (stream, event_key) DO NOTHING") + "\nRETURNING id",
 	},
 	{
 		name: "millpond outbox.Store.Enqueue",

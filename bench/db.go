@@ -165,8 +165,19 @@ func (d *database) createBaseTables(ctx context.Context) error {
 	}
 }
 
-// truncate empties tables and restarts their ids.
+// truncate empties tables and restarts their ids. millpond_outbox (a view
+// of millpond_deliveries and millpond_events since millpond's migration
+// 0004) stands for those two tables.
 func (d *database) truncate(ctx context.Context, tables ...string) error {
+	var expanded []string
+	for _, t := range tables {
+		if t == "millpond_outbox" {
+			expanded = append(expanded, "millpond_deliveries", "millpond_events")
+			continue
+		}
+		expanded = append(expanded, t)
+	}
+	tables = expanded
 	switch d.dialect {
 	case dialectPostgres:
 		return d.exec(ctx, `TRUNCATE `+strings.Join(tables, ", ")+` RESTART IDENTITY`)
@@ -204,9 +215,9 @@ func (d *database) checkpoint(ctx context.Context) error {
 func (d *database) analyze(ctx context.Context) error {
 	switch d.dialect {
 	case dialectPostgres:
-		return d.exec(ctx, `ANALYZE millpond_outbox, millpond_ordering`)
+		return d.exec(ctx, `ANALYZE millpond_events, millpond_deliveries, millpond_ordering`)
 	case dialectMySQL:
-		return d.exec(ctx, `ANALYZE TABLE millpond_outbox, millpond_ordering`)
+		return d.exec(ctx, `ANALYZE TABLE millpond_events, millpond_deliveries, millpond_ordering`)
 	}
 	return d.exec(ctx, `ANALYZE`)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -138,6 +139,11 @@ func measureFanoutEnqueue(ctx context.Context, db *database, cfg config, sys fan
 	if err != nil {
 		return 0, nil, 0, err
 	}
+	if db.dialect == dialectPostgres {
+		if err := logRelationBytes(ctx, db, fmt.Sprintf("fan-out %s, %d groups", sys.label(), groups), n, sys.tables()...); err != nil {
+			return 0, nil, 0, err
+		}
+	}
 	cost := median(ratios) // sorts ratios
 	return cost, ratios, float64(bytes) / float64(n), nil
 }
@@ -182,8 +188,9 @@ func measureFanoutDelivery(ctx context.Context, db *database, cfg config, sys fa
 	return float64(groups*n) / (last - time.Duration(start)).Seconds(), nil
 }
 
-// millpondFanout: a row per event and group in millpond_outbox; each group
-// read by a bare Subscriber (batch 1000, -workers in flight).
+// millpondFanout: an event row in millpond_events and a delivery row per
+// event and group in millpond_deliveries; each group read by a bare
+// Subscriber (batch 1000, -workers in flight).
 type millpondFanout struct {
 	workers  int
 	store    *outbox.Store
@@ -228,7 +235,7 @@ func (m *millpondFanout) enqueue(ctx context.Context, tx *benchTx, payload []byt
 	return err
 }
 
-func (m *millpondFanout) tables() []string { return []string{"millpond_outbox"} }
+func (m *millpondFanout) tables() []string { return []string{"millpond_events", "millpond_deliveries"} }
 
 func (m *millpondFanout) start(ctx context.Context, hs []*tracker) error {
 	m.subs = nil
@@ -368,4 +375,33 @@ func (w *watermillFanout) stop(ctx context.Context) error {
 		errs = append(errs, ctx.Err())
 	}
 	return errors.Join(errs...)
+}
+
+// logRelationBytes logs where a system's bytes go on PostgreSQL: each
+// table, index and TOAST relation of the tables (pg_relation_size) per
+// event.
+func logRelationBytes(ctx context.Context, db *database, what string, events int, tables ...string) error {
+	rows, err := db.pool.Query(ctx, `SELECT r.relname, pg_relation_size(r.oid) FROM pg_class t
+		JOIN pg_class r ON r.oid = t.oid OR r.oid = t.reltoastrelid
+			OR r.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = t.oid)
+		WHERE t.oid = ANY($1::regclass[])
+		ORDER BY r.relname`, tables)
+	if err != nil {
+		return fmt.Errorf("relation sizes: %w", err)
+	}
+	defer rows.Close()
+	var parts []string
+	for rows.Next() {
+		var name string
+		var size int64
+		if err := rows.Scan(&name, &size); err != nil {
+			return err
+		}
+		parts = append(parts, fmt.Sprintf("%s %.0f", name, float64(size)/float64(events)))
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	logf("%s: bytes per event by relation: %s", what, strings.Join(parts, ", "))
+	return nil
 }

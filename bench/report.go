@@ -317,7 +317,8 @@ func (r report) fanoutMarkdown(b *strings.Builder) {
 			}
 		}
 	}
-	b.WriteString("\nmillpond's fan-out: one row per event and group in millpond_outbox, each group read by a bare Subscriber " +
+	b.WriteString("\nmillpond's fan-out: one row per event in millpond_events (its content) and a slim row per event and group in " +
+		"millpond_deliveries (its delivery state), each group read by a bare Subscriber " +
 		"(batch 1000, -workers in flight). watermill-sql's: its default schema, one row per event and an offset row per " +
 		"group, each group read by one Subscriber (batch 1000); its groups cost nothing at enqueue.\n\n")
 }

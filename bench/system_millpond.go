@@ -149,15 +149,18 @@ func (s *millpondSystem) Prefill(ctx context.Context, n int) error {
 		return errors.New("prefill is implemented for PostgreSQL only")
 	}
 	err := s.db.exec(ctx, `
-		INSERT INTO millpond_outbox (stream, consumer_group, event_key, event_kind, payload, metadata, content_hash,
-			status, attempts, claim_key, available_at, created_at, delivered_at, settled)
-		SELECT $2, '', 'prefill-' || g, 'bench', convert_to(repeat('x', 200), 'UTF8'), '{}', sha256('prefill'::bytea),
-			'delivered', 1, md5(g::text), 0, 0, 0, true
-		FROM generate_series(1, $1) AS g`, n, millpondStream)
+		WITH ev AS (
+			INSERT INTO millpond_events (stream, event_key, event_kind, payload, metadata, content_hash, created_at)
+			SELECT $2, 'prefill-' || g, 'bench', convert_to(repeat('x', 200), 'UTF8'), '{}', sha256('prefill'::bytea), 0
+			FROM generate_series(1, $1) AS g
+			RETURNING id
+		)
+		INSERT INTO millpond_deliveries (event_id, stream, consumer_group, status, attempts, claim_key, available_at, delivered_at, settled)
+		SELECT id, $2, '', 'delivered', 1, md5(id::text), 0, 1, true FROM ev ORDER BY id`, n, millpondStream)
 	if err != nil {
 		return fmt.Errorf("prefill: %w", err)
 	}
-	return s.db.exec(ctx, `VACUUM (ANALYZE) millpond_outbox`)
+	return s.db.exec(ctx, `VACUUM (ANALYZE) millpond_events, millpond_deliveries`)
 }
 
 func (s *millpondSystem) Enqueue(ctx context.Context, tx *benchTx, payload []byte) error {

@@ -28,8 +28,18 @@ var ErrUnknownDialect = sqlcore.ErrUnknownDialect
 // (millpond_schema_migrations) and does not read goose's or golang-migrate's.
 // Every step is written to be idempotent (IF NOT EXISTS, IF EXISTS, CREATE
 // OR REPLACE), so Store.Migrate over a schema a tool installed re-runs the
-// steps harmlessly and records them: moving from a tool to Store.Migrate
-// is safe, running both on every deploy is not supported.
+// steps harmlessly and records them; over a schema at version 4 or later
+// (millpond_outbox is then a view) it records steps 1 to 4 without running
+// them. Moving from a tool to Store.Migrate is safe, running both on every
+// deploy is not supported.
+//
+// Step 4 moves each event's content into millpond_events and each consumer
+// group's delivery state into millpond_deliveries; millpond_outbox stays as
+// a read-only view with the columns of step 3. Run it with the application
+// stopped: the old code does not read the new layout. On PostgreSQL and
+// SQLite it runs in one transaction; on MySQL and MariaDB, whose DDL is not
+// transactional, each of its statements is safe to run again, so a step
+// interrupted half-way finishes when it is run again.
 func MigrationsFS(dialect string) (fs.FS, error) {
 	fsys, err := sqlcore.MigrationsFS(sqlcore.Dialect(dialect))
 	if err != nil {

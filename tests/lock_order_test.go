@@ -99,7 +99,7 @@ func testLockOrder(t *testing.T, e *env) {
 			// delivery order would take it first.
 			all := ids(rs)
 			for _, id := range all {
-				e.db.Exec(t, e.q("UPDATE millpond_outbox SET delivered_at = ? WHERE id = ?"), 1_000_000_000-id, id)
+				e.db.Exec(t, e.q("UPDATE millpond_deliveries SET delivered_at = ? WHERE id = ?"), 1_000_000_000-id, id)
 			}
 			return prepared{all, func() (int, error) {
 				got, err := e.s.Purge(e.ctx, 0, n)
@@ -116,7 +116,7 @@ func testLockOrder(t *testing.T, e *env) {
 				// Rewrite the rows in a random order, so that their places in
 				// the heap (the order of a sequential scan) are not id order.
 				for _, id := range shuffled(rows) {
-					e.db.Exec(t, "UPDATE millpond_outbox SET claimed_by = claimed_by WHERE id = $1", id)
+					e.db.Exec(t, "UPDATE millpond_deliveries SET claimed_by = claimed_by WHERE id = $1", id)
 				}
 			}
 			tx, _, rollback := e.db.BeginRaw(t)
@@ -187,9 +187,9 @@ func (e *env) lockRow(t *testing.T, tx any, id int64) {
 	var err error
 	switch tx := tx.(type) {
 	case pgx.Tx:
-		err = tx.QueryRow(e.ctx, "SELECT id FROM millpond_outbox WHERE id = $1 FOR UPDATE", id).Scan(&id)
+		err = tx.QueryRow(e.ctx, "SELECT id FROM millpond_deliveries WHERE id = $1 FOR UPDATE", id).Scan(&id)
 	case *sql.Tx:
-		err = tx.QueryRowContext(e.ctx, "SELECT id FROM millpond_outbox WHERE id = ? FOR UPDATE", id).Scan(&id)
+		err = tx.QueryRowContext(e.ctx, "SELECT id FROM millpond_deliveries WHERE id = ? FOR UPDATE", id).Scan(&id)
 	default:
 		err = fmt.Errorf("unexpected transaction type %T", tx)
 	}
@@ -206,7 +206,7 @@ func (e *env) unlockedRows(t *testing.T, ids []int64) []int64 {
 	for i, id := range ids {
 		list[i] = strconv.FormatInt(id, 10)
 	}
-	query := "SELECT id FROM millpond_outbox WHERE id IN (" + strings.Join(list, ", ") + ") ORDER BY id FOR UPDATE SKIP LOCKED"
+	query := "SELECT id FROM millpond_deliveries WHERE id IN (" + strings.Join(list, ", ") + ") ORDER BY id FOR UPDATE SKIP LOCKED"
 	var free []int64
 	scan := func(next func() bool, scan func(...any) error) {
 		for next() {

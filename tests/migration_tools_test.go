@@ -65,8 +65,8 @@ func TestGooseRunsGooseMigrationsFS(t *testing.T) {
 				if v, err := p.GetDBVersion(ctx); err != nil || v != want[len(want)-1] {
 					t.Fatalf("goose version after up: %d, %v", v, err)
 				}
-				if n := millpondTables(t, s); n != 2 {
-					t.Fatalf("goose up made %d millpond tables, want the outbox and the subscriptions", n)
+				if n := millpondTables(t, s); n != 3 {
+					t.Fatalf("goose up made %d millpond tables, want the events, the deliveries and the subscriptions", n)
 				}
 			}
 
@@ -145,8 +145,8 @@ func TestGolangMigrateRunsMigrationsFS(t *testing.T) {
 			if err != nil || dirty || int64(v) != want[len(want)-1] {
 				t.Fatalf("golang-migrate version after up: %d dirty=%v, %v", v, dirty, err)
 			}
-			if n := millpondTables(t, s); n != 2 {
-				t.Fatalf("golang-migrate up made %d millpond tables, want 2", n)
+			if n := millpondTables(t, s); n != 3 {
+				t.Fatalf("golang-migrate up made %d millpond tables, want 3", n)
 			}
 			roundTrip(t, s, "after-migrate-up")
 
@@ -226,13 +226,15 @@ func migrationVersions(t *testing.T, dialect string) []int64 {
 }
 
 // millpondTables counts the outbox's own tables (not the tools' version
-// tables, nor millpond_schema_migrations, which only Store.Migrate makes).
+// tables, nor millpond_schema_migrations, which only Store.Migrate makes):
+// the events, their delivery rows and the subscriptions (millpond_outbox is
+// a view since migration 0004).
 func millpondTables(t *testing.T, s *outbox.Store) int {
 	t.Helper()
 	q := map[string]string{
-		"postgres": "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = current_schema() AND table_name IN ('millpond_outbox', 'millpond_subscriptions')",
-		"mysql":    "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name IN ('millpond_outbox', 'millpond_subscriptions')",
-		"sqlite":   "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name IN ('millpond_outbox', 'millpond_subscriptions')",
+		"postgres": "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = current_schema() AND table_type = 'BASE TABLE' AND table_name IN ('millpond_events', 'millpond_deliveries', 'millpond_subscriptions')",
+		"mysql":    "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_type = 'BASE TABLE' AND table_name IN ('millpond_events', 'millpond_deliveries', 'millpond_subscriptions')",
+		"sqlite":   "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name IN ('millpond_events', 'millpond_deliveries', 'millpond_subscriptions')",
 	}[s.Dialect()]
 	var n int
 	if err := s.SQLDB().QueryRow(q).Scan(&n); err != nil {

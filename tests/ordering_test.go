@@ -834,7 +834,7 @@ func testClaimsSkipBlockedBacklog(t *testing.T, e *env) {
 		t.Fatal(err)
 	}
 	if e.db.Dialect == "postgres" {
-		e.db.Exec(t, "ANALYZE millpond_outbox")
+		e.db.Exec(t, "ANALYZE millpond_events, millpond_deliveries")
 	}
 	req := claimReq("big", 100, time.Minute, 3)
 	head := e.claim(req)

@@ -1425,8 +1425,8 @@ func testMigrations(t *testing.T, e *env) {
 	if err := e.s.Migrate(e.ctx); err != nil {
 		t.Fatalf("migrate after down: %v", err)
 	}
-	if n := e.tables(); n != 4 {
-		t.Fatalf("want 4 millpond tables (outbox, subscriptions, ordering, migrations), got %d", n)
+	if n := e.tables(); n != 5 {
+		t.Fatalf("want 5 millpond tables (events, deliveries, subscriptions, ordering, migrations), got %d", n)
 	}
 	if err := e.s.Migrate(e.ctx); err != nil {
 		t.Fatalf("migrate again: %v", err)
@@ -1461,14 +1461,15 @@ func testMigrations(t *testing.T, e *env) {
 	}
 }
 
-// tables counts the millpond tables in the test's schema or database.
+// tables counts the millpond tables in the test's schema or database (not
+// the millpond_outbox view).
 func (e *env) tables() int64 {
 	e.t.Helper()
 	switch e.db.Dialect {
 	case "postgres":
-		return e.count("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = current_schema() AND table_name LIKE 'millpond%'")
+		return e.count("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = current_schema() AND table_type = 'BASE TABLE' AND table_name LIKE 'millpond%'")
 	case "mysql":
-		return e.count("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name LIKE 'millpond%'")
+		return e.count("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_type = 'BASE TABLE' AND table_name LIKE 'millpond%'")
 	default:
 		return e.count("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name LIKE 'millpond%'")
 	}

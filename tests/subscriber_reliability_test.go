@@ -181,30 +181,37 @@ func TestAcksAndLeaseExtensionsDoNotDeadlock(t *testing.T) {
 }
 
 // insertMySQLEvents inserts n pending events of the default group keyed
-// prefix-0 ... in multi-row INSERTs of 1,000, each row as Store.Enqueue
+// prefix-0 ... in multi-row INSERTs of 1,000, each event as Store.Enqueue
 // would write it (the content hash is SHA-256 of kind, a zero byte and
-// payload).
+// payload), then their delivery rows in one INSERT ... SELECT.
 func insertMySQLEvents(t *testing.T, db *testdb.Database, stream, prefix string, n int) {
 	t.Helper()
 	const chunk = 1000
 	const kind = "Reliability"
 	for start := 0; start < n; start += chunk {
 		var b strings.Builder
-		b.WriteString("INSERT INTO millpond_outbox (stream, consumer_group, event_key, event_kind, payload, metadata, content_hash, status, available_at, created_at) VALUES ")
+		b.WriteString("INSERT INTO millpond_events (stream, event_key, event_kind, payload, metadata, content_hash, created_at) VALUES ")
 		var args []any
 		now := time.Now().UnixMicro()
 		for i := start; i < min(start+chunk, n); i++ {
 			if i > start {
 				b.WriteString(", ")
 			}
-			b.WriteString("(?, '', ?, ?, ?, '{}', ?, 'pending', ?, ?)")
+			b.WriteString("(?, ?, ?, ?, '{}', ?, ?)")
 			payload := []byte(strconv.Itoa(i))
 			hash := sha256.Sum256(append([]byte(kind+"\x00"), payload...))
-			args = append(args, stream, prefix+"-"+strconv.Itoa(i), kind, payload, hash[:], now, now)
+			args = append(args, stream, prefix+"-"+strconv.Itoa(i), kind, payload, hash[:], now)
 		}
 		if _, err := db.SQL.Exec(b.String(), args...); err != nil {
 			t.Fatalf("insert events %d-: %v", start, err)
 		}
+	}
+	// One delivery row per event, for the default group, in event order.
+	if _, err := db.SQL.Exec(`INSERT INTO millpond_deliveries (event_id, stream, consumer_group, status, available_at)
+SELECT e.id, e.stream, '', 'pending', e.created_at FROM millpond_events e
+WHERE e.stream = ? AND e.event_key LIKE ? AND NOT EXISTS (SELECT 1 FROM millpond_deliveries d WHERE d.event_id = e.id)
+ORDER BY e.id`, stream, prefix+"-%"); err != nil {
+		t.Fatalf("insert delivery rows: %v", err)
 	}
 }
 
@@ -433,7 +440,7 @@ func TestALostLeaseIsStillReported(t *testing.T) {
 			// Another worker holds both events now, under its own claim key and
 			// lease, as if their leases had expired and it had claimed them (one
 			// statement, so the subscriber's own claimer cannot take them first).
-			steal := "UPDATE millpond_outbox SET claimed_by = 'thief', claim_key = '0123456789abcdef0123456789abcdef', available_at = ?"
+			steal := "UPDATE millpond_deliveries SET claimed_by = 'thief', claim_key = '0123456789abcdef0123456789abcdef', available_at = ?"
 			if dialect == "postgres" {
 				steal = strings.Replace(steal, "?", "$1", 1)
 			}

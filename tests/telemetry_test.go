@@ -503,7 +503,7 @@ func TestTelemetryCountsReclaims(t *testing.T) {
 			if err != nil || len(cl) != 2 || cl[0].Reclaimed {
 				t.Fatalf("claim: %v, %v", cl, err)
 			}
-			db.Exec(t, "UPDATE millpond_outbox SET available_at = available_at - 5000000 WHERE stream = 'rc' AND status = 'processing'")
+			db.Exec(t, "UPDATE millpond_deliveries SET available_at = available_at - 5000000 WHERE stream = 'rc' AND status = 'processing'")
 			sub, err := outbox.NewSubscriber(store, outbox.SubscriberConfig{PollInterval: 10 * time.Millisecond, BatchSize: 10})
 			if err != nil {
 				t.Fatal(err)

@@ -282,7 +282,7 @@ func TestStatementsBindEveryParameter(t *testing.T) {
 	known := map[string]bool{}
 	for _, n := range []string{"now", "stream", "group", "key", "kind", "payload", "metadata", "hash", "delay", "worker",
 		"limit", "max", "lease", "ids", "keys", "id", "reason", "all_groups", "after", "horizon", "expires",
-		"hold", "okey", "seq", "status", "head", "streams", "groups", "okeys"} {
+		"hold", "okey", "seq", "status", "head", "streams", "groups", "okeys", "eid"} {
 		known[n] = true
 	}
 	for _, d := range []Dialect{Postgres, MySQL, SQLite} {
@@ -290,13 +290,15 @@ func TestStatementsBindEveryParameter(t *testing.T) {
 		for name, q := range map[string]query{
 			"enqueue": s.enqueue, "existing": s.existing, "claim": s.claim, "claimDue": s.claimDue, "claimSelect": s.claimSelect, "claimDead": s.claimDead,
 			"ack": s.ack, "ackMark": s.ackMark, "fail": s.fail, "failStatus": s.failStatus, "extend": s.extend, "extendCheck": s.extendCheck,
-			"release": s.release, "requeue": s.requeue, "listDead": s.listDead, "purge": s.purge, "purgeSelect": s.purgeSelect, "stats": s.stats,
+			"release": s.release, "requeue": s.requeue, "listDead": s.listDead, "purgeSelect": s.purgeSelect, "stats": s.stats,
 			"register": s.register, "unregister": s.unregister, "now": s.now,
 			"enqueueOrdered": s.enqueueOrdered, "enqueueOrderedNotify": s.enqueueOrderedNotify, "orderedGroups": s.orderedGroups,
 			"bumpKey": s.bumpKey, "keyState": s.keyState, "insertOrdered": s.insertOrdered, "unbumpKey": s.unbumpKey,
 			"ackOrdered": s.ackOrdered, "failSkip": s.failSkip, "releaseKeys": s.releaseKeys, "keyUnsettled": s.keyUnsettled,
 			"promoteKeys": s.promoteKeys, "nextBlocked": s.nextBlocked, "promoteIDs": s.promoteIDs, "orderedDead": s.orderedDead, "requeueHead": s.requeueHead, "rejoinKey": s.rejoinKey,
 			"requeueRejoined": s.requeueRejoined, "deadOrdering": s.deadOrdering,
+			"insertEvent": s.insertEvent, "eventsByID": s.eventsByID, "eventsOf": s.eventsOf, "deleteDeliveries": s.deleteDeliveries,
+			"lockEvents": s.lockEvents, "dropOrphans": s.dropOrphans, "copyToGroup": s.copyToGroup, "deadKind": s.deadKind,
 		} {
 			for _, n := range q.names {
 				if !known[n] {

@@ -180,16 +180,30 @@ func (c *Core) Enqueue(ctx context.Context, tx Executor, ev Event, notify bool) 
 	if notify && c.dialect == Postgres {
 		stmt = c.stmts.enqueueNotify
 	}
-	args := stmt.args(map[string]any{
+	vals := map[string]any{
 		"stream": ev.Stream, "key": ev.Key, "kind": ev.Kind, "payload": payload,
 		"metadata": md, "hash": hash, "now": c.nowArg(), "delay": micros(ev.Delay),
-	})
+	}
+	var args []any
 	var id int64
-	if c.dialect == MySQL {
-		found, err := c.lookup(ctx, tx, c.stmts.existing, ev, hash)
-		if err != nil || found.ID > 0 {
-			return found, err
+	if c.dialect == Postgres {
+		args = stmt.args(vals)
+	} else {
+		// The event's content first (nothing when it is known), then its
+		// delivery rows. (The event's INSERT reads no other row, so on
+		// MySQL it takes no share locks that concurrent enqueues could
+		// deadlock on; a known key goes to the locking read of existing.)
+		eid, err := c.insertEvent(ctx, tx, vals)
+		if err != nil || eid == 0 {
+			if err != nil {
+				return Enqueued{}, err
+			}
+			return c.existing(ctx, tx, ev, hash)
 		}
+		vals["eid"] = eid
+		args = stmt.args(vals)
+	}
+	if c.dialect == MySQL {
 		res, err := tx.ExecContext(ctx, stmt.text, args...)
 		if err != nil {
 			return Enqueued{}, err
@@ -226,6 +240,32 @@ func (c *Core) Enqueue(ctx context.Context, tx Executor, ev Event, notify bool) 
 		}
 	}
 	return c.existing(ctx, tx, ev, hash)
+}
+
+// insertEvent (MySQL, SQLite) inserts the content of an event and returns
+// its id, or 0 when the stream already holds an event with its key.
+func (c *Core) insertEvent(ctx context.Context, tx Executor, vals map[string]any) (int64, error) {
+	q := c.stmts.insertEvent
+	if c.dialect == MySQL {
+		res, err := tx.ExecContext(ctx, q.text, q.args(vals)...)
+		if err != nil {
+			return 0, err
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return 0, nil
+		}
+		id, ok := lastInsertID(res)
+		if !ok {
+			return 0, errors.New("event insert reported no id")
+		}
+		return id, nil
+	}
+	var id int64
+	err := c.queryRow(ctx, tx, q, vals, &id)
+	if errors.Is(err, errNoRow) {
+		return 0, nil
+	}
+	return id, err
 }
 
 // existing resolves an enqueue that hit its idempotency key.
@@ -305,43 +345,71 @@ func (c *Core) Claim(ctx context.Context, req ClaimRequest) ([]Claimed, error) {
 	}
 	defer rows.Close()
 	out := make([]Claimed, 0, req.Limit)
+	var eventIDs []int64 // SQLite: the event of each row of out
 	for rows.Next() {
 		var cl Claimed
 		var md string
 		var expires, created int64
-		dest := []any{&cl.ID, &cl.Stream, &cl.Group, &cl.Key, &cl.Kind, &cl.Payload, &md, &cl.Attempts, &cl.ClaimKey, &expires, &created, &cl.OrderingKey, &cl.OrderingSeq}
-		var status string
-		switch c.dialect {
-		case SQLite:
-			dest = append(dest, &status)
-		case Postgres:
-			dest = append(dest, &cl.Reclaimed)
-		}
-		if err := rows.Scan(dest...); err != nil {
-			return nil, err
-		}
-		if c.dialect == SQLite && status != StatusProcessing {
+		if c.dialect == SQLite {
+			var status string
+			var eid int64
+			if err := rows.Scan(&cl.ID, &cl.Stream, &cl.Group, &eid, &cl.Attempts, &cl.ClaimKey, &expires, &cl.OrderingKey, &cl.OrderingSeq, &status); err != nil {
+				return nil, err
+			}
+			if status != StatusProcessing {
+				continue
+			}
+			cl.LeaseExpiresAt = fromMicros(expires)
+			cl.Reclaimed = expired[cl.ID]
+			out = append(out, cl)
+			eventIDs = append(eventIDs, eid)
 			continue
+		}
+		if err := rows.Scan(&cl.ID, &cl.Stream, &cl.Group, &cl.Key, &cl.Kind, &cl.Payload, &md, &cl.Attempts, &cl.ClaimKey, &expires, &created, &cl.OrderingKey, &cl.OrderingSeq, &cl.Reclaimed); err != nil {
+			return nil, err
 		}
 		if cl.Metadata, err = decodeMetadata(md); err != nil {
 			return nil, err
 		}
 		cl.LeaseExpiresAt, cl.CreatedAt = fromMicros(expires), fromMicros(created)
-		if c.dialect == SQLite {
-			cl.Reclaimed = expired[cl.ID]
-		}
 		out = append(out, cl)
 	}
 	if err := rowsErr(rows); err != nil {
 		return nil, err
 	}
-	if c.dialect == SQLite {
-		slices.SortFunc(out, func(a, b Claimed) int { return cmp.Compare(a.ID, b.ID) })
-	}
 	if err := rows.Close(); err != nil {
 		return nil, err
 	}
+	if c.dialect == SQLite {
+		if out, err = c.withContent(ctx, c.db, out, eventIDs); err != nil {
+			return nil, err
+		}
+		slices.SortFunc(out, func(a, b Claimed) int { return cmp.Compare(a.ID, b.ID) })
+	}
 	return c.settleExhausted(ctx, req, out), nil
+}
+
+// withContent fills claimed rows with their events' content (eventIDs[i] is
+// the event of out[i]). A row whose event is gone (a group retirement
+// deleted it since) is left out.
+func (c *Core) withContent(ctx context.Context, ex Executor, out []Claimed, eventIDs []int64) ([]Claimed, error) {
+	events, err := c.eventsByID(ctx, ex, slices.Compact(slices.Sorted(slices.Values(eventIDs))))
+	if err != nil {
+		return nil, err
+	}
+	kept := out[:0]
+	for i, cl := range out {
+		ev, ok := events[eventIDs[i]]
+		if !ok {
+			continue
+		}
+		cl.Key, cl.Kind, cl.Payload, cl.CreatedAt = ev.key, ev.kind, ev.payload, fromMicros(ev.created)
+		if cl.Metadata, err = decodeMetadata(ev.metadata); err != nil {
+			return nil, err
+		}
+		kept = append(kept, cl)
+	}
+	return kept, nil
 }
 
 // claimMySQL locks due rows with SKIP LOCKED, then claims or dead-letters
@@ -361,12 +429,12 @@ func (c *Core) claimMySQL(ctx context.Context, req ClaimRequest) ([]Claimed, err
 		if err != nil {
 			return err
 		}
-		var dead []int64
+		var dead, eventIDs []int64
 		for rows.Next() {
 			var cl Claimed
-			var md, status string
-			var created, availableAt int64
-			if err := rows.Scan(&cl.ID, &cl.Stream, &cl.Group, &cl.Key, &cl.Kind, &cl.Payload, &md, &cl.Attempts, &cl.ClaimKey, &availableAt, &created, &cl.OrderingKey, &cl.OrderingSeq, &status); err != nil {
+			var status string
+			var eid, availableAt int64
+			if err := rows.Scan(&cl.ID, &cl.Stream, &cl.Group, &eid, &cl.Attempts, &cl.ClaimKey, &availableAt, &cl.OrderingKey, &cl.OrderingSeq, &status); err != nil {
 				rows.Close()
 				return err
 			}
@@ -376,13 +444,9 @@ func (c *Core) claimMySQL(ctx context.Context, req ClaimRequest) ([]Claimed, err
 				dead = append(dead, cl.ID)
 				continue
 			}
-			if cl.Metadata, err = decodeMetadata(md); err != nil {
-				rows.Close()
-				return err
-			}
-			cl.CreatedAt = fromMicros(created)
 			cl.Reclaimed = status == StatusProcessing
 			out = append(out, cl)
+			eventIDs = append(eventIDs, eid)
 		}
 		if err := rowsErr(rows); err != nil {
 			rows.Close()
@@ -400,6 +464,9 @@ func (c *Core) claimMySQL(ctx context.Context, req ClaimRequest) ([]Claimed, err
 		}
 		if len(out) == 0 {
 			return nil
+		}
+		if out, err = c.withContent(ctx, tx, out, eventIDs); err != nil {
+			return err
 		}
 		// The lease is measured from the database clock, read after the lock.
 		now, err := c.resolveNow(ctx, tx)
@@ -900,7 +967,7 @@ func (c *Core) Reroute(ctx context.Context, stream string, ids []int64) (int, er
 					return err
 				}
 			}
-			if _, err := tx.ExecContext(ctx, c.stmts.deleteRow.text, c.stmts.deleteRow.args(map[string]any{"id": id})...); err != nil {
+			if _, err := c.deleteDeliveries(ctx, tx, []int64{id}); err != nil {
 				return err
 			}
 			if okey != "" && held {
@@ -946,17 +1013,26 @@ func (c *Core) Purge(ctx context.Context, olderThan time.Duration, limit int) (i
 	if limit < 1 || limit > MaxPurgeBatch {
 		return 0, fmt.Errorf("purge limit %d is outside 1-%d: %w", limit, MaxPurgeBatch, ErrInvalidBatch)
 	}
-	st := c.stmts.purge
 	vals := map[string]any{"horizon": micros(olderThan), "limit": limit, "now": c.nowArg()}
-	if c.dialect != MySQL {
-		return c.execCount(ctx, "purge", st.text, st.args(vals))
+	// The oldest deliveries are picked (on PostgreSQL locked in id order;
+	// on MySQL with a plain read, then deleted by id, in id order: a DELETE
+	// ... ORDER BY delivered_at would lock rows in delivery order), and
+	// deleted with the events they leave without rows.
+	var n int64
+	var opts *sql.TxOptions
+	if c.dialect == MySQL {
+		opts = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 	}
-	ids, err := c.queryIDs(ctx, c.db, c.stmts.purgeSelect.text, c.stmts.purgeSelect.args(vals))
-	if err != nil || len(ids) == 0 {
-		return 0, err
-	}
-	text, args := expandIDs(st.text, slices.Sorted(maps.Keys(ids)))
-	return c.execCount(ctx, "purge", text, args)
+	err := c.inTxRetry(ctx, "purge", opts, func(tx Tx) error {
+		ids, err := c.queryIDs(ctx, tx, c.stmts.purgeSelect.text, c.stmts.purgeSelect.args(vals))
+		if err != nil || len(ids) == 0 {
+			n = 0
+			return err
+		}
+		n, err = c.deleteDeliveries(ctx, tx, slices.Sorted(maps.Keys(ids)))
+		return err
+	})
+	return n, err
 }
 
 // Stats counts undelivered rows per stream and consumer group.

@@ -92,9 +92,9 @@ func (r EventRecord) MarshalJSON() ([]byte, error) {
 		"kind": r.Kind, "status": r.Status, "attempts": r.Attempts, "payload_bytes": len(r.Payload)})
 }
 
-const findColumns = `SELECT id, stream, consumer_group, event_key, event_kind, payload, metadata, status, attempts, claimed_by, last_error,
-  created_at, available_at, COALESCE(delivered_at, 0)
-FROM millpond_outbox`
+const findColumns = `SELECT d.id, d.stream, d.consumer_group, e.event_key, e.event_kind, e.payload, e.metadata, d.status, d.attempts, d.claimed_by, d.last_error,
+  e.created_at, d.available_at, d.delivered_at
+FROM millpond_deliveries d JOIN millpond_events e ON e.id = d.event_id`
 
 type findStatements struct{ byID, byKey query }
 
@@ -104,9 +104,9 @@ var findQueries = sync.OnceValue(func() map[Dialect]findStatements {
 	m := map[Dialect]findStatements{}
 	for _, d := range []Dialect{Postgres, MySQL, SQLite} {
 		m[d] = findStatements{
-			byID: d.compile(findColumns + "\nWHERE id = @id"),
-			// The unique index leads with (stream, event_key): one probe.
-			byKey: d.compile(findColumns + "\nWHERE stream = @stream AND event_key = @key\nORDER BY id LIMIT @limit"),
+			byID: d.compile(findColumns + "\nWHERE d.id = @id"),
+			// One probe of the events' unique index, then the event's rows.
+			byKey: d.compile(findColumns + "\nWHERE e.stream = @stream AND e.event_key = @key\nORDER BY d.id LIMIT @limit"),
 		}
 	}
 	return m

@@ -311,8 +311,7 @@ func (c *Core) deleteChunk(ctx context.Context, lock query, stream string, ids [
 		for i, r := range gone {
 			del[i] = r.id
 		}
-		text, args := c.withIDs(c.stmts.lifecycle.deleteIDs, map[string]any{}, del)
-		if _, err = tx.ExecContext(ctx, text, args...); err != nil {
+		if _, err = c.deleteDeliveries(ctx, tx, del); err != nil {
 			return err
 		}
 		var held []orderKey
@@ -497,8 +496,7 @@ func (c *Core) ReroutePending(ctx context.Context, stream string) (int64, error)
 					return err
 				}
 			}
-			text, args := c.withIDs(ls.deleteIDs, map[string]any{}, gone)
-			if _, err := tx.ExecContext(ctx, text, args...); err != nil {
+			if _, err := c.deleteDeliveries(ctx, tx, gone); err != nil {
 				return err
 			}
 			n = int64(len(gone))

@@ -21,7 +21,7 @@ func TestLifecycleStatements(t *testing.T) {
 			"schemaTable": s.schemaTable, "schemaVersion": s.schemaVersion,
 			"deadOfGroup": s.deadOfGroup, "unsettledOfGroup": s.unsettledOfGroup, "pendingDefault": s.pendingDefault,
 			"lockDead": s.lockDead, "lockUndelivered": s.lockUndelivered, "lockPending": s.lockPending,
-			"deleteIDs": s.deleteIDs, "copyPending": s.copyPending,
+			"copyPending": s.copyPending,
 		}
 		for name, q := range all {
 			if q.text == "" {

@@ -154,6 +154,27 @@ func (c *Core) MigrateReport(ctx context.Context) (MigrateResult, error) {
 		for v := range applied {
 			res.Version = max(res.Version, int(v))
 		}
+		// A schema another tool brought to version 4 or later (millpond_outbox
+		// is then a view) already holds steps 1 to 4: they are recorded, not
+		// run again (steps 1 to 3 alter millpond_outbox as a table).
+		if !applied[sharedEventsVersion] {
+			isView, err := c.outboxIsView(ctx, tx)
+			if err != nil {
+				return fmt.Errorf("inspect the schema: %w", err)
+			}
+			if isView {
+				for _, m := range migrations {
+					if m.Version > sharedEventsVersion || applied[int64(m.Version)] {
+						continue
+					}
+					if _, err := tx.ExecContext(ctx, c.stmts.recordSQL, m.Version, m.Name, now); err != nil {
+						return fmt.Errorf("record migration %d: %w", m.Version, err)
+					}
+					applied[int64(m.Version)] = true
+					res.Version = max(res.Version, m.Version)
+				}
+			}
+		}
 		for _, m := range migrations {
 			if applied[int64(m.Version)] {
 				continue
@@ -177,6 +198,39 @@ func (c *Core) MigrateReport(ctx context.Context) (MigrateResult, error) {
 	return res, nil
 }
 
+// sharedEventsVersion is the migration that stores each event once
+// (millpond_events) and turns millpond_outbox into a view.
+const sharedEventsVersion = 4
+
+// outboxIsView reports whether millpond_outbox is a view: the schema is at
+// version 4 or later, whoever migrated it.
+func (c *Core) outboxIsView(ctx context.Context, tx Tx) (bool, error) {
+	var q string
+	switch c.dialect {
+	case Postgres:
+		q = "SELECT COUNT(*) FROM pg_class WHERE oid = to_regclass('millpond_outbox') AND relkind = 'v'"
+	case MySQL:
+		q = "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'millpond_outbox' AND TABLE_TYPE = 'VIEW'"
+	default:
+		q = "SELECT COUNT(*) FROM sqlite_master WHERE type = 'view' AND name = 'millpond_outbox'"
+	}
+	rows, err := tx.QueryContext(ctx, q)
+	if err != nil {
+		return false, err
+	}
+	defer rows.Close()
+	var n int
+	if rows.Next() {
+		if err := rows.Scan(&n); err != nil {
+			return false, err
+		}
+	}
+	if err := rowsErr(rows); err != nil {
+		return false, err
+	}
+	return n > 0, rows.Close()
+}
+
 // MigrateResult reports what a migration run did.
 type MigrateResult struct {
 	// Applied lists the migrations this run applied, oldest first; empty
@@ -195,6 +249,19 @@ func (c *Core) MigrateDown(ctx context.Context) error {
 	}
 	return c.underMigrationLock(ctx, func(tx Tx) error {
 		for i := len(migrations) - 1; i >= 0; i-- {
+			if migrations[i].Version == sharedEventsVersion && c.dialect == SQLite {
+				// SQLite's down step starts with DROP VIEW, which fails on
+				// the table of a schema below version 4 (SQLite has no
+				// conditional statements); the step runs in one
+				// transaction, so no view means nothing to revert.
+				isView, err := c.outboxIsView(ctx, tx)
+				if err != nil {
+					return fmt.Errorf("inspect the schema: %w", err)
+				}
+				if !isView {
+					continue
+				}
+			}
 			for _, stmt := range c.dialect.statementsOf(migrations[i].Down) {
 				if _, err := tx.ExecContext(ctx, stmt); err != nil {
 					return fmt.Errorf("revert migration %d: %w", migrations[i].Version, err)

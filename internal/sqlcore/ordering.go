@@ -81,11 +81,16 @@ func (c *Core) enqueueOrdered(ctx context.Context, tx Executor, ev Event, payloa
 			return Enqueued{}, err
 		}
 	} else {
-		// A known event changes nothing: not even a sequence number.
-		found, err := c.lookup(ctx, tx, c.stmts.existing, ev, hash)
-		if err != nil || found.ID > 0 {
-			return found, err
+		// A known event changes nothing: not even a sequence number (its
+		// content is inserted first, the keys bumped only when it is new).
+		eid, err := c.insertEvent(ctx, tx, vals)
+		if err != nil {
+			return Enqueued{}, err
 		}
+		if eid == 0 {
+			return c.existing(ctx, tx, ev, hash)
+		}
+		vals["eid"] = eid
 		groups, err := c.queryString(ctx, tx, c.stmts.orderedGroups, vals)
 		if err != nil {
 			return Enqueued{}, err

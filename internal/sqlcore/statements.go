@@ -31,8 +31,7 @@ type statements struct {
 	release        query
 	requeue        query
 	listDead       query
-	purge          query
-	purgeSelect    query // MySQL: the ids to purge, oldest delivery first
+	purgeSelect    query // the ids to purge, oldest delivery first (PostgreSQL: locked in id order)
 	stats          query
 	register       query
 	unregister     query
@@ -42,8 +41,15 @@ type statements struct {
 	deadKind       query // reroute: the kind of a dead default-group row
 	kindGroups     query // reroute: the named groups that take a kind now
 	copyToGroup    query // reroute: a pending copy of a row for one group
-	deleteRow      query
 	now            query
+
+	// Events (content stored once per event, see migration 0004).
+	insertEvent      query // MySQL, SQLite: the event's content, nothing when known
+	eventsByID       query // MySQL, SQLite: content of claimed rows' events ({ids})
+	eventsOf         query // the events of delivery rows, by id
+	deleteDeliveries query // delete delivery rows by id
+	lockEvents       query // PostgreSQL, MySQL: lock events by id, in id order
+	dropOrphans      query // delete the events, by id, that no delivery row points at
 
 	// Ordering keys (see orderedEnqueue and releaseKey).
 	enqueueOrdered       query // PostgreSQL: key state and rows in one statement
@@ -72,7 +78,10 @@ type statements struct {
 	lifecycle     lifecycleStatements // group lifecycle and dead-letter discards (groups.go)
 }
 
-const insertColsFor = "INSERT INTO millpond_outbox (stream, consumer_group, event_key, event_kind, payload, metadata, content_hash, status, available_at, created_at)\n"
+const insertColsFor = "INSERT INTO millpond_deliveries (event_id, stream, consumer_group, status, available_at)\n"
+
+// insertEventCols inserts an event's content, once whatever its groups.
+const insertEventCols = "INSERT INTO millpond_events (created_at, stream, event_key, event_kind, content_hash, metadata, payload)\n"
 
 // liveClaims (PostgreSQL) locks, in id order, the rows that the receipts
 // @ids/@keys (parallel arrays) still own under a live lease: the CTE live.
@@ -82,7 +91,7 @@ const insertColsFor = "INSERT INTO millpond_outbox (stream, consumer_group, even
 // would deadlock. A row that a concurrent statement settles while this one
 // waits for its lock is checked again after the wait and left out.
 const liveClaims = `WITH live AS MATERIALIZED (
-  SELECT o.id FROM millpond_outbox o
+  SELECT o.id FROM millpond_deliveries o
   JOIN unnest(@ids::BIGINT[], @keys::TEXT[]) AS r(id, claim_key) ON o.id = r.id AND o.claim_key = r.claim_key
   WHERE o.status = 'processing' AND o.available_at > @now%s
   ORDER BY o.id
@@ -92,9 +101,9 @@ const liveClaims = `WITH live AS MATERIALIZED (
 // nextBlockedPG (PostgreSQL) is the id of the blocked event with the lowest
 // sequence number of the key k (stream, consumer_group, ordering_key), read
 // through the blocked index.
-const nextBlockedPG = `SELECT b.id FROM millpond_outbox b
+const nextBlockedPG = `SELECT b.id FROM millpond_deliveries b
     WHERE b.stream = k.stream AND b.consumer_group = k.consumer_group AND b.ordering_key = k.ordering_key
-      AND b.settled AND b.delivered_at IS NULL AND b.ordering_key <> '' AND b.status = 'blocked'
+      AND b.settled AND b.delivered_at = 0 AND b.ordering_key <> '' AND b.status = 'blocked'
     ORDER BY b.ordering_seq LIMIT 1`
 
 // releaseCTEs (PostgreSQL) follow a CTE or subquery src(stream,
@@ -119,6 +128,10 @@ ks AS MATERIALIZED (
 
 const claimColumns = "id, stream, consumer_group, event_key, event_kind, payload, metadata, attempts, claim_key, available_at, created_at, ordering_key, ordering_seq"
 
+// claimRowColumns (MySQL, SQLite) are a claimed delivery row's columns; the
+// event's content is read next, by event_id (eventsByID).
+const claimRowColumns = "id, stream, consumer_group, event_id, attempts, claim_key, available_at, ordering_key, ordering_seq"
+
 // deadAt is the claim's dead-letter test for a row (prefix "o." or ""):
 // its attempts are used up, and it has no ordering key or the group holds
 // dead keys. Under DeadLetterSkip an exhausted row with an ordering key is
@@ -135,26 +148,31 @@ func newStatements(d Dialect) *statements {
 	s.now = c("SELECT @now")
 	// It also names the due rows whose lease expired (the others read as
 	// 0), among those the claim takes, so the claim can mark them Reclaimed.
-	s.anyDue = c(`SELECT CASE WHEN status = 'processing' THEN id ELSE 0 END FROM millpond_outbox
+	s.anyDue = c(`SELECT CASE WHEN status = 'processing' THEN id ELSE 0 END FROM millpond_deliveries
 WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'processing') AND available_at <= @now
 ORDER BY id LIMIT @limit`)
-	s.listDead = c(`SELECT id, stream, consumer_group, event_key, event_kind, attempts, last_error, created_at
-FROM millpond_outbox
-WHERE status = 'dead_letter' AND stream = @stream AND (@all_groups OR consumer_group = @group) AND id > @after
-ORDER BY id LIMIT @limit`)
-	s.stats = c(`SELECT stream, consumer_group,
-  SUM(CASE WHEN status = 'pending' THEN 1 ELSE 0 END),
-  SUM(CASE WHEN status = 'processing' THEN 1 ELSE 0 END),
-  SUM(CASE WHEN status = 'dead_letter' THEN 1 ELSE 0 END),
-  SUM(CASE WHEN status = 'pending' AND attempts > 0 THEN 1 ELSE 0 END),
-  COALESCE(MIN(CASE WHEN status IN ('pending', 'processing', 'blocked') THEN created_at END), 0),
+	s.listDead = c(`SELECT d.id, d.stream, d.consumer_group, e.event_key, e.event_kind, d.attempts, d.last_error, e.created_at
+FROM millpond_deliveries d JOIN millpond_events e ON e.id = d.event_id
+WHERE d.status = 'dead_letter' AND d.stream = @stream AND (@all_groups OR d.consumer_group = @group) AND d.id > @after
+ORDER BY d.id LIMIT @limit`)
+	s.eventsByID = c("SELECT id, event_key, event_kind, payload, metadata, created_at FROM millpond_events WHERE id IN ({ids})")
+	s.eventsOf = c("SELECT DISTINCT event_id FROM millpond_deliveries WHERE id IN ({ids})")
+	s.deleteDeliveries = c("DELETE FROM millpond_deliveries WHERE id IN ({ids})")
+	s.lockEvents = c("SELECT id FROM millpond_events WHERE id IN ({ids}) ORDER BY id FOR UPDATE")
+	s.dropOrphans = c("DELETE FROM millpond_events WHERE id IN ({ids}) AND NOT EXISTS (SELECT 1 FROM millpond_deliveries d WHERE d.event_id = millpond_events.id)")
+	s.stats = c(`SELECT d.stream, d.consumer_group,
+  SUM(CASE WHEN d.status = 'pending' THEN 1 ELSE 0 END),
+  SUM(CASE WHEN d.status = 'processing' THEN 1 ELSE 0 END),
+  SUM(CASE WHEN d.status = 'dead_letter' THEN 1 ELSE 0 END),
+  SUM(CASE WHEN d.status = 'pending' AND d.attempts > 0 THEN 1 ELSE 0 END),
+  COALESCE(MIN(CASE WHEN d.status IN ('pending', 'processing', 'blocked') THEN e.created_at END), 0),
   MAX(@now),
-  SUM(CASE WHEN status = 'blocked' THEN 1 ELSE 0 END),
-  SUM(CASE WHEN status = 'dead_letter' AND ordering_key <> '' AND NOT key_released THEN 1 ELSE 0 END)
-FROM millpond_outbox
-WHERE status IN ('pending', 'processing', 'dead_letter', 'blocked')
-GROUP BY stream, consumer_group
-ORDER BY stream, consumer_group`)
+  SUM(CASE WHEN d.status = 'blocked' THEN 1 ELSE 0 END),
+  SUM(CASE WHEN d.status = 'dead_letter' AND d.ordering_key <> '' AND NOT d.key_released THEN 1 ELSE 0 END)
+FROM millpond_deliveries d JOIN millpond_events e ON e.id = d.event_id
+WHERE d.status IN ('pending', 'processing', 'dead_letter', 'blocked')
+GROUP BY d.stream, d.consumer_group
+ORDER BY d.stream, d.consumer_group`)
 	s.orderedGroups = c(`SELECT DISTINCT consumer_group FROM millpond_subscriptions WHERE stream = @stream AND event_kind IN ('', @kind)
 ORDER BY consumer_group`)
 	s.unbumpKey = c(`UPDATE millpond_ordering SET last_seq = last_seq - 1, unsettled = unsettled - 1
@@ -167,10 +185,10 @@ WHERE stream = @stream AND consumer_group = @group AND ordering_key = @okey`)
 	if d == Postgres {
 		idList = "id = ANY(@ids::BIGINT[])"
 	}
-	s.orderedDead = c(`SELECT id, consumer_group, ordering_key, key_released FROM millpond_outbox
+	s.orderedDead = c(`SELECT id, consumer_group, ordering_key, key_released FROM millpond_deliveries
 WHERE status = 'dead_letter' AND stream = @stream AND ordering_key <> '' AND ` + idList + `
 ORDER BY id` + lockDead)
-	s.deadOrdering = c("SELECT ordering_key, key_released FROM millpond_outbox WHERE id = @id")
+	s.deadOrdering = c("SELECT ordering_key, key_released FROM millpond_deliveries WHERE id = @id")
 	if d == Postgres {
 		s.rejoinKey = c(`INSERT INTO millpond_ordering (stream, consumer_group, ordering_key, last_seq, unsettled)
 VALUES (@stream, @group, @okey, 0, 1)
@@ -178,18 +196,23 @@ ON CONFLICT (stream, consumer_group, ordering_key) DO UPDATE SET unsettled = mil
 RETURNING unsettled`)
 	}
 	s.unregister = c("DELETE FROM millpond_subscriptions WHERE stream = @stream AND consumer_group = @group")
-	s.deadKind = c("SELECT event_kind FROM millpond_outbox WHERE id = @id AND stream = @stream AND consumer_group = '' AND status = 'dead_letter'")
+	s.deadKind = c(`SELECT e.event_kind FROM millpond_deliveries d JOIN millpond_events e ON e.id = d.event_id
+WHERE d.id = @id AND d.stream = @stream AND d.consumer_group = '' AND d.status = 'dead_letter'`)
 	s.kindGroups = c(fmt.Sprintf(takersOf, "@kind"))
-	s.deleteRow = c("DELETE FROM millpond_outbox WHERE id = @id")
-	copyRow := insertColsFor + `SELECT src.stream, @group, src.event_key, src.event_kind, src.payload, src.metadata, src.content_hash, 'pending', @now, src.created_at
-FROM millpond_outbox src WHERE src.id = @id`
+	copyRow := insertColsFor + `SELECT src.event_id, src.stream, @group, 'pending', @now
+FROM millpond_deliveries src WHERE src.id = @id`
 	switch d {
 	case Postgres:
-		s.copyToGroup = c(strings.Replace(copyRow, "@group", "@group::VARCHAR", 1) + "\nON CONFLICT (stream, event_key, consumer_group) DO NOTHING")
+		s.copyToGroup = c(strings.Replace(copyRow, "@group", "@group::VARCHAR", 1) + "\nON CONFLICT (event_id, consumer_group) DO NOTHING")
+		s.eventsOf = c("SELECT DISTINCT event_id FROM millpond_deliveries WHERE id = ANY(@ids::BIGINT[])")
+		s.deleteDeliveries = c("DELETE FROM millpond_deliveries WHERE id = ANY(@ids::BIGINT[])")
+		s.lockEvents = c("SELECT id FROM millpond_events WHERE id = ANY(@ids::BIGINT[]) ORDER BY id FOR UPDATE")
+		s.dropOrphans = c("DELETE FROM millpond_events e WHERE e.id = ANY(@ids::BIGINT[]) AND NOT EXISTS (SELECT 1 FROM millpond_deliveries d WHERE d.event_id = e.id)")
 	case MySQL:
-		s.copyToGroup = c(copyRow + "\nON DUPLICATE KEY UPDATE millpond_outbox.id = millpond_outbox.id")
+		s.copyToGroup = c(copyRow + "\nON DUPLICATE KEY UPDATE millpond_deliveries.id = millpond_deliveries.id")
 	default:
-		s.copyToGroup = c(copyRow + "\nON CONFLICT (stream, event_key, consumer_group) DO NOTHING")
+		s.copyToGroup = c(copyRow + "\nON CONFLICT (event_id, consumer_group) DO NOTHING")
+		s.lockEvents = query{} // one writer: nothing to lock
 	}
 	s.groupKinds = c("SELECT event_kind FROM millpond_subscriptions WHERE stream = @stream AND consumer_group = @group")
 	s.dropKind = c("DELETE FROM millpond_subscriptions WHERE stream = @stream AND consumer_group = @group AND event_kind = @kind")
@@ -204,23 +227,34 @@ FROM millpond_outbox src WHERE src.id = @id`
 	// it again after a group registered must neither hand the old event to
 	// the new group nor skip the content check. The unique index leads with
 	// (stream, event_key), so this is one index probe.
-	known := `FROM millpond_outbox k WHERE k.stream = @stream AND k.event_key = @key`
-	s.existing = c("SELECT k.id, k.content_hash " + known + "\nORDER BY k.id LIMIT 1")
+	// The id reported for a known event is its first delivery row's.
+	known := `SELECT COALESCE((SELECT MIN(d.id) FROM millpond_deliveries d WHERE d.event_id = k.id), 0), k.content_hash
+FROM millpond_events k WHERE k.stream = @stream AND k.event_key = @key`
+	s.existing = c(known)
 	// MySQL in REPEATABLE READ: after waiting on a concurrent insert of the
 	// same key, a plain read would still see the old snapshot (no row); a
 	// locking read sees the committed one.
-	s.existingLocked = c("SELECT k.id, k.content_hash " + known + "\nORDER BY k.id LIMIT 1 LOCK IN SHARE MODE")
+	// (A locking read does not lock, nor read the latest rows of, a
+	// subquery: the rows are joined.)
+	s.existingLocked = c(`SELECT COALESCE(MIN(d.id), 0), k.content_hash
+FROM millpond_events k LEFT JOIN millpond_deliveries d ON d.event_id = k.id
+WHERE k.stream = @stream AND k.event_key = @key
+GROUP BY k.id, k.content_hash LOCK IN SHARE MODE`)
 	insertCols := insertColsFor
 
 	switch d {
 	case Postgres:
 		// The groups are read once (a CTE) for the rows and for the default.
+		// A known event inserts nothing: its content stays as first
+		// enqueued, and no group gets a row for it.
 		enqueue := `WITH g AS (
-  SELECT DISTINCT consumer_group FROM millpond_subscriptions WHERE stream = @stream AND event_kind IN ('', @kind::VARCHAR))%s
-` + insertCols + `SELECT @stream::VARCHAR, r.consumer_group, @key::VARCHAR, @kind::VARCHAR, @payload::BYTEA, @metadata::TEXT, @hash::BYTEA, 'pending', @now + @delay::BIGINT, @now
-FROM (SELECT consumer_group FROM g UNION ALL SELECT '' WHERE NOT EXISTS (SELECT 1 FROM g)) r%s
-WHERE NOT EXISTS (SELECT 1 ` + known + `)
-ON CONFLICT (stream, event_key, consumer_group) DO NOTHING
+  SELECT DISTINCT consumer_group FROM millpond_subscriptions WHERE stream = @stream AND event_kind IN ('', @kind::VARCHAR)),
+ev AS (
+  ` + insertEventCols + `  VALUES (@now, @stream::VARCHAR, @key::VARCHAR, @kind::VARCHAR, @hash::BYTEA, @metadata::TEXT, @payload::BYTEA)
+  ON CONFLICT (stream, event_key) DO NOTHING
+  RETURNING id)%s
+` + insertCols + `SELECT ev.id, @stream::VARCHAR, r.consumer_group, 'pending', @now + @delay::BIGINT
+FROM ev, (SELECT consumer_group FROM g UNION ALL SELECT '' WHERE NOT EXISTS (SELECT 1 FROM g)) r%s
 RETURNING id`
 		s.enqueue = c(fmt.Sprintf(enqueue, "", ""))
 		// The same statement with the wake-up folded in, which spares the
@@ -229,13 +263,15 @@ RETURNING id`
 		s.enqueueNotify = c(fmt.Sprintf(enqueue, `,
 n AS (SELECT pg_notify('`+NotifyChannel+`', @stream::TEXT))`, ", n"))
 		dead := deadAt("o.", "@hold::BOOLEAN")
+		// id + 0 is the due index's last column (see migration 0004): the
+		// planner cannot take the primary key's order instead.
 		s.claim = c(`WITH due AS (
-  SELECT id, status FROM millpond_outbox
+  SELECT id, status FROM millpond_deliveries
   WHERE stream = @stream AND consumer_group = @group AND NOT settled AND available_at <= @now
-  ORDER BY id LIMIT @limit
+  ORDER BY id + 0 LIMIT @limit
   FOR UPDATE SKIP LOCKED
 ), claimed AS (
-  UPDATE millpond_outbox o SET
+  UPDATE millpond_deliveries o SET
     status = CASE WHEN ` + dead + ` THEN 'dead_letter' ELSE 'processing' END,
     settled = ` + dead + `,
     attempts = CASE WHEN ` + dead + ` THEN o.attempts ELSE o.attempts + 1 END,
@@ -244,10 +280,11 @@ n AS (SELECT pg_notify('`+NotifyChannel+`', @stream::TEXT))`, ", n"))
     last_error = CASE WHEN ` + dead + ` AND o.status = 'processing' THEN '` + lastErrorLeaseExpired + `' ELSE o.last_error END,
     available_at = @now + @lease::BIGINT
   FROM due WHERE o.id = due.id
-  RETURNING o.id, o.stream, o.consumer_group, o.event_key, o.event_kind, o.payload, o.metadata, o.attempts, o.claim_key, o.available_at, o.created_at, o.ordering_key, o.ordering_seq, o.status,
+  RETURNING o.id, o.event_id, o.stream, o.consumer_group, o.attempts, o.claim_key, o.available_at, o.ordering_key, o.ordering_seq, o.status,
     due.status = 'processing' AS reclaimed
 )
-SELECT ` + claimColumns + `, reclaimed FROM claimed WHERE status = 'processing' ORDER BY id`)
+SELECT c.id, c.stream, c.consumer_group, e.event_key, e.event_kind, e.payload, e.metadata, c.attempts, c.claim_key, c.available_at, e.created_at, c.ordering_key, c.ordering_seq, c.reclaimed
+FROM claimed c JOIN millpond_events e ON e.id = c.event_id WHERE c.status = 'processing' ORDER BY c.id`)
 		// Statements that lock several rows lock them first, in id order, in
 		// a subselect (see liveClaims); the UPDATE then finds them locked.
 		// The acknowledgement settles rows without an ordering key and,
@@ -262,7 +299,7 @@ SELECT ` + claimColumns + `, reclaimed FROM claimed WHERE status = 'processing' 
 		// settles them with ackOrdered and promoteKeys, two statements of
 		// one transaction, the second seeing the producer's event.
 		s.ack = c(`WITH live AS MATERIALIZED (
-  SELECT o.id, o.stream, o.consumer_group, o.ordering_key FROM millpond_outbox o
+  SELECT o.id, o.stream, o.consumer_group, o.ordering_key FROM millpond_deliveries o
   JOIN unnest(@ids::BIGINT[], @keys::TEXT[]) AS r(id, claim_key) ON o.id = r.id AND o.claim_key = r.claim_key
   WHERE o.status = 'processing' AND o.available_at > @now
   ORDER BY o.id
@@ -281,7 +318,7 @@ SELECT ` + claimColumns + `, reclaimed FROM claimed WHERE status = 'processing' 
   SELECT kl.stream, kl.consumer_group, kl.ordering_key FROM kl
   WHERE NOT EXISTS (SELECT 1 FROM snap WHERE snap.stream = kl.stream AND snap.consumer_group = kl.consumer_group AND snap.ordering_key = kl.ordering_key AND snap.x = kl.x)
 ), acked AS (
-  UPDATE millpond_outbox o SET status = 'delivered', settled = true, delivered_at = @now
+  UPDATE millpond_deliveries o SET status = 'delivered', settled = true, delivered_at = @now
   FROM live WHERE o.id = live.id
     AND NOT EXISTS (SELECT 1 FROM stale WHERE stale.stream = live.stream AND stale.consumer_group = live.consumer_group AND stale.ordering_key = live.ordering_key)
   RETURNING o.id
@@ -293,11 +330,11 @@ SELECT ` + claimColumns + `, reclaimed FROM claimed WHERE status = 'processing' 
 ), nxt AS MATERIALIZED (
   SELECT (` + nextBlockedPG + `) AS id FROM dec k WHERE k.unsettled > 0
 ), lk AS MATERIALIZED (
-  SELECT o.id FROM millpond_outbox o WHERE o.id IN (SELECT id FROM nxt) AND o.status = 'blocked'
+  SELECT o.id FROM millpond_deliveries o WHERE o.id IN (SELECT id FROM nxt) AND o.status = 'blocked'
   ORDER BY o.id
   FOR UPDATE OF o
 ), promoted AS (
-  UPDATE millpond_outbox o SET status = 'pending', settled = false, available_at = GREATEST(o.available_at, @now)
+  UPDATE millpond_deliveries o SET status = 'pending', settled = false, available_at = GREATEST(o.available_at, @now)
   FROM lk WHERE o.id = lk.id
 )
 SELECT id FROM acked`)
@@ -308,7 +345,7 @@ SELECT id FROM acked`)
 		// later statement of the same transaction.
 		s.ackOrdered = c(fmt.Sprintf(liveClaims, " AND o.ordering_key <> ''") + `,
 acked AS (
-  UPDATE millpond_outbox o SET status = 'delivered', settled = true, delivered_at = @now
+  UPDATE millpond_deliveries o SET status = 'delivered', settled = true, delivered_at = @now
   FROM live WHERE o.id = live.id AND o.ordering_key <> ''
   RETURNING o.id, o.stream, o.consumer_group, o.ordering_key
 ), src AS (SELECT stream, consumer_group, ordering_key FROM acked)` + releaseCTEs + `
@@ -327,14 +364,14 @@ SELECT stream, consumer_group, ordering_key FROM dec WHERE unsettled > 0`)
   SELECT (` + nextBlockedPG + `) AS id
   FROM unnest(@streams::TEXT[], @groups::TEXT[], @okeys::TEXT[]) AS k(stream, consumer_group, ordering_key)
 ), lk AS MATERIALIZED (
-  SELECT o.id FROM millpond_outbox o
+  SELECT o.id FROM millpond_deliveries o
   WHERE o.id IN (SELECT id FROM nxt) AND o.status = 'blocked'
   ORDER BY o.id
   FOR UPDATE OF o
 )
-UPDATE millpond_outbox o SET status = 'pending', settled = false, available_at = GREATEST(o.available_at, @now)
+UPDATE millpond_deliveries o SET status = 'pending', settled = false, available_at = GREATEST(o.available_at, @now)
 FROM lk WHERE o.id = lk.id`)
-		s.failSkip = c(`UPDATE millpond_outbox SET
+		s.failSkip = c(`UPDATE millpond_deliveries SET
   status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'pending' END,
   settled = attempts >= @max,
   attempts = LEAST(attempts, @max),
@@ -342,8 +379,8 @@ FROM lk WHERE o.id = lk.id`)
   available_at = @now + @delay::BIGINT, last_error = @reason
 WHERE id = @id AND claim_key = @key AND status = 'processing' AND available_at > @now
 RETURNING status, stream, consumer_group, ordering_key`)
-		s.requeueHead = c(`UPDATE millpond_outbox SET status = 'pending', settled = false, attempts = 0, available_at = @now, last_error = '', key_released = false WHERE id = @id`)
-		s.requeueRejoined = c(`UPDATE millpond_outbox SET
+		s.requeueHead = c(`UPDATE millpond_deliveries SET status = 'pending', settled = false, attempts = 0, available_at = @now, last_error = '', key_released = false WHERE id = @id`)
+		s.requeueRejoined = c(`UPDATE millpond_deliveries SET
   status = CASE WHEN @head::BOOLEAN THEN 'pending' ELSE 'blocked' END,
   settled = NOT @head::BOOLEAN,
   attempts = 0, available_at = @now, last_error = '', key_released = false WHERE id = @id`)
@@ -354,74 +391,77 @@ RETURNING status, stream, consumer_group, ordering_key`)
 		enqueueOrdered := `WITH g AS (
   SELECT DISTINCT consumer_group FROM millpond_subscriptions WHERE stream = @stream AND event_kind IN ('', @kind::VARCHAR)),
 r AS (SELECT consumer_group FROM g UNION ALL SELECT '' WHERE NOT EXISTS (SELECT 1 FROM g)),
+ev AS (
+  ` + insertEventCols + `  VALUES (@now, @stream::VARCHAR, @key::VARCHAR, @kind::VARCHAR, @hash::BYTEA, @metadata::TEXT, @payload::BYTEA)
+  ON CONFLICT (stream, event_key) DO NOTHING
+  RETURNING id),
 st AS (
   INSERT INTO millpond_ordering (stream, consumer_group, ordering_key, last_seq, unsettled)
-  SELECT @stream::VARCHAR, r.consumer_group, @okey::VARCHAR, 1, 1 FROM r
-  WHERE NOT EXISTS (SELECT 1 ` + known + `)
+  SELECT @stream::VARCHAR, r.consumer_group, @okey::VARCHAR, 1, 1 FROM r, ev
   ORDER BY r.consumer_group
   ON CONFLICT (stream, consumer_group, ordering_key) DO UPDATE
     SET last_seq = millpond_ordering.last_seq + 1, unsettled = millpond_ordering.unsettled + 1
   RETURNING consumer_group, last_seq, unsettled
 )%s,
 ins AS (
-  INSERT INTO millpond_outbox (stream, consumer_group, event_key, event_kind, payload, metadata, content_hash, status, settled, available_at, created_at, ordering_key, ordering_seq)
-  SELECT @stream::VARCHAR, st.consumer_group, @key::VARCHAR, @kind::VARCHAR, @payload::BYTEA, @metadata::TEXT, @hash::BYTEA,
+  INSERT INTO millpond_deliveries (event_id, stream, consumer_group, status, settled, available_at, ordering_key, ordering_seq)
+  SELECT ev.id, @stream::VARCHAR, st.consumer_group,
     CASE WHEN st.unsettled = 1 THEN 'pending' ELSE 'blocked' END, st.unsettled <> 1,
-    @now + @delay::BIGINT, @now, @okey::VARCHAR, st.last_seq
-  FROM st%s
-  ON CONFLICT (stream, event_key, consumer_group) DO NOTHING
+    @now + @delay::BIGINT, @okey::VARCHAR, st.last_seq
+  FROM ev, st%s
+  ON CONFLICT (event_id, consumer_group) DO NOTHING
   RETURNING id, consumer_group
 )
 SELECT st.consumer_group, COALESCE(ins.id, 0) FROM st LEFT JOIN ins ON ins.consumer_group = st.consumer_group`
 		s.enqueueOrdered = c(fmt.Sprintf(enqueueOrdered, "", ""))
 		s.enqueueOrderedNotify = c(fmt.Sprintf(enqueueOrdered, `,
 n AS (SELECT pg_notify('`+NotifyChannel+`', @stream::TEXT))`, ", n"))
-		s.fail = c(`UPDATE millpond_outbox SET
+		s.fail = c(`UPDATE millpond_deliveries SET
   status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'pending' END,
   settled = attempts >= @max,
   available_at = @now + @delay::BIGINT, last_error = @reason
 WHERE id = @id AND claim_key = @key AND status = 'processing' AND available_at > @now
 RETURNING status`)
 		s.extend = c(fmt.Sprintf(liveClaims, "") + `
-UPDATE millpond_outbox o SET available_at = @now + @lease::BIGINT
+UPDATE millpond_deliveries o SET available_at = @now + @lease::BIGINT
 FROM live WHERE o.id = live.id
 RETURNING o.id, o.available_at`)
 		s.release = c(fmt.Sprintf(liveClaims, "") + `
-UPDATE millpond_outbox o SET status = 'pending', attempts = GREATEST(o.attempts - 1, 0), available_at = @now
+UPDATE millpond_deliveries o SET status = 'pending', attempts = GREATEST(o.attempts - 1, 0), available_at = @now
 FROM live WHERE o.id = live.id`)
 		s.requeue = c(`WITH dead AS (
-  SELECT id FROM millpond_outbox
+  SELECT id FROM millpond_deliveries
   WHERE status = 'dead_letter' AND stream = @stream AND id = ANY(@ids::BIGINT[]) AND ordering_key = ''
   ORDER BY id
   FOR UPDATE
 )
-UPDATE millpond_outbox o SET status = 'pending', settled = false, attempts = 0, available_at = @now, last_error = ''
+UPDATE millpond_deliveries o SET status = 'pending', settled = false, attempts = 0, available_at = @now, last_error = ''
 FROM dead WHERE o.id = dead.id`)
 		// The dead-letter index filters on settled (see the schema).
-		s.listDead = c(`SELECT id, stream, consumer_group, event_key, event_kind, attempts, last_error, created_at
-FROM millpond_outbox
-WHERE settled AND delivered_at IS NULL AND status = 'dead_letter' AND stream = @stream AND (@all_groups OR consumer_group = @group) AND id > @after
-ORDER BY id LIMIT @limit`)
-		s.purge = c(`WITH doomed AS (
-  SELECT id FROM millpond_outbox WHERE id IN (
-    SELECT id FROM millpond_outbox WHERE status = 'delivered' AND delivered_at < @now - @horizon::BIGINT
+		s.listDead = c(`SELECT d.id, d.stream, d.consumer_group, e.event_key, e.event_kind, d.attempts, d.last_error, e.created_at
+FROM millpond_deliveries d JOIN millpond_events e ON e.id = d.event_id
+WHERE d.settled AND d.delivered_at = 0 AND d.status = 'dead_letter' AND d.stream = @stream AND (@all_groups OR d.consumer_group = @group) AND d.id > @after
+ORDER BY d.id LIMIT @limit`)
+		s.purgeSelect = c(`SELECT id FROM millpond_deliveries WHERE id IN (
+    SELECT id FROM millpond_deliveries WHERE status = 'delivered' AND delivered_at <> 0 AND delivered_at < @now - @horizon::BIGINT
     ORDER BY delivered_at LIMIT @limit)
-  ORDER BY id
-  FOR UPDATE
-)
-DELETE FROM millpond_outbox o USING doomed WHERE o.id = doomed.id`)
+  AND status = 'delivered'
+ORDER BY id
+FOR UPDATE`)
 		s.register = c("INSERT INTO millpond_subscriptions (stream, consumer_group, event_kind, created_at) VALUES (@stream, @group, @kind, @now) ON CONFLICT DO NOTHING")
 		s.migrationsDDL = "CREATE TABLE IF NOT EXISTS millpond_schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR(128) NOT NULL, applied_at BIGINT NOT NULL)"
 		s.recordSQL = "INSERT INTO millpond_schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)"
 
 	case MySQL:
-		s.enqueue = c(insertCols + `SELECT @stream, g.consumer_group, @key, @kind, @payload, @metadata, @hash, 'pending', @now + @delay, @now
-FROM (` + strings.Replace(groups, "%s", "FROM DUAL", 1) + `) g
-ON DUPLICATE KEY UPDATE millpond_outbox.id = millpond_outbox.id`)
+		s.insertEvent = c(insertEventCols + `VALUES (@now, @stream, @key, @kind, @hash, @metadata, @payload)
+ON DUPLICATE KEY UPDATE id = id`)
+		s.enqueue = c(insertCols + `SELECT @eid, @stream, g.consumer_group, 'pending', @now + @delay
+FROM (` + strings.Replace(groups, "%s", "FROM DUAL", 1) + `) g`)
 		// In REPEATABLE READ an INSERT ... SELECT share-locks the rows and gaps
 		// it reads, so concurrent enqueues would deadlock on a known-event
-		// probe inside it; MySQL runs the probe first as a plain (lock-free)
-		// read instead (Core.Enqueue).
+		// probe inside it: the event's key is checked by the events' unique
+		// index instead (insertEvent, a plain INSERT ... VALUES), and the
+		// delivery rows' INSERT ... SELECT reads only the subscriptions.
 		// A claim finds due rows with a plain read of the due index, then
 		// locks them through the primary key, in id order, skipping rows
 		// another transaction holds. Locking while scanning the due index
@@ -433,41 +473,41 @@ ON DUPLICATE KEY UPDATE millpond_outbox.id = millpond_outbox.id`)
 		// consumer_group, status, id), read in id order until @limit rows
 		// are due; one IN ('pending', 'processing') range would make
 		// InnoDB read every unsettled row of the group and sort them.
-		s.claimDue = c(`(SELECT id FROM millpond_outbox
+		s.claimDue = c(`(SELECT id FROM millpond_deliveries
   WHERE stream = @stream AND consumer_group = @group AND status = 'pending' AND available_at <= @now
   ORDER BY id LIMIT @limit)
 UNION ALL
-(SELECT id FROM millpond_outbox
+(SELECT id FROM millpond_deliveries
   WHERE stream = @stream AND consumer_group = @group AND status = 'processing' AND available_at <= @now
   ORDER BY id LIMIT @limit)
 ORDER BY id LIMIT @limit`)
-		s.claimSelect = c(`SELECT ` + claimColumns + `, status FROM millpond_outbox FORCE INDEX (PRIMARY)
+		s.claimSelect = c(`SELECT ` + claimRowColumns + `, status FROM millpond_deliveries FORCE INDEX (PRIMARY)
 WHERE status IN ('pending', 'processing') AND available_at <= @now AND id IN ({ids})
 ORDER BY id
 FOR UPDATE SKIP LOCKED`)
 		// MySQL evaluates SET assignments left to right, each seeing the
 		// columns already assigned: last_error must read the old status.
-		s.claimDead = c(`UPDATE millpond_outbox SET
+		s.claimDead = c(`UPDATE millpond_deliveries SET
   last_error = CASE WHEN status = 'processing' THEN '` + lastErrorLeaseExpired + `' ELSE last_error END,
   status = 'dead_letter', claimed_by = @worker, claim_key = ''
 WHERE id IN ({ids})
 ORDER BY id`)
-		s.claimUpdate = "UPDATE millpond_outbox SET status = 'processing', attempts = attempts + 1, claimed_by = ?, available_at = ?, claim_key = CASE id {cases} END WHERE id IN ({ids}) ORDER BY id"
+		s.claimUpdate = "UPDATE millpond_deliveries SET status = 'processing', attempts = attempts + 1, claimed_by = ?, available_at = ?, claim_key = CASE id {cases} END WHERE id IN ({ids}) ORDER BY id"
 		// Several rows are locked in id order (see inIDOrder): the lists come
 		// sorted, InnoDB reads an id list in key order, and ORDER BY id says so.
-		s.ack = c(`SELECT id, stream, consumer_group, ordering_key FROM millpond_outbox
+		s.ack = c(`SELECT id, stream, consumer_group, ordering_key FROM millpond_deliveries
 WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})
 ORDER BY id
 FOR UPDATE`)
-		s.ackMark = c(`UPDATE millpond_outbox SET status = 'delivered', delivered_at = @now WHERE id IN ({ids}) ORDER BY id`)
-		s.fail = c(`UPDATE millpond_outbox SET
+		s.ackMark = c(`UPDATE millpond_deliveries SET status = 'delivered', delivered_at = @now WHERE id IN ({ids}) ORDER BY id`)
+		s.fail = c(`UPDATE millpond_deliveries SET
   status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'pending' END,
   available_at = @now + @delay, last_error = @reason
 WHERE id = @id AND claim_key = @key AND status = 'processing' AND available_at > @now`)
-		s.failStatus = c("SELECT status, stream, consumer_group, ordering_key FROM millpond_outbox WHERE id = @id")
+		s.failStatus = c("SELECT status, stream, consumer_group, ordering_key FROM millpond_deliveries WHERE id = @id")
 		// MySQL assigns left to right, each expression seeing the columns
 		// already assigned: attempts is assigned last.
-		s.failSkip = c(`UPDATE millpond_outbox SET
+		s.failSkip = c(`UPDATE millpond_deliveries SET
   key_released = (attempts >= @max AND ordering_key <> ''),
   status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'pending' END,
   available_at = @now + @delay, last_error = @reason,
@@ -482,11 +522,11 @@ WHERE id = @id AND claim_key = @key AND status = 'processing' AND available_at >
 		// promotes them, in id order.
 		s.releaseKeys = c(`UPDATE millpond_ordering SET unsettled = unsettled - 1 WHERE {keys}
 ORDER BY stream, consumer_group, ordering_key`)
-		s.nextBlocked = c(`SELECT (SELECT b.id FROM millpond_outbox b
+		s.nextBlocked = c(`SELECT (SELECT b.id FROM millpond_deliveries b
   WHERE b.stream = k.stream AND b.consumer_group = k.consumer_group AND b.ordering_key = k.ordering_key AND b.status = 'blocked'
   ORDER BY b.ordering_seq LIMIT 1)
 FROM millpond_ordering k WHERE k.unsettled > 0 AND {keys}`)
-		s.promoteIDs = c(`UPDATE millpond_outbox SET status = 'pending', available_at = GREATEST(available_at, @now)
+		s.promoteIDs = c(`UPDATE millpond_deliveries SET status = 'pending', available_at = GREATEST(available_at, @now)
 WHERE status = 'blocked' AND id IN ({ids})
 ORDER BY id`)
 		s.bumpKey = c(`INSERT INTO millpond_ordering (stream, consumer_group, ordering_key, last_seq, unsettled)
@@ -498,38 +538,39 @@ ON DUPLICATE KEY UPDATE last_seq = last_seq + 1, unsettled = unsettled + 1`)
 VALUES (@stream, @group, @okey, 0, 1)
 ON DUPLICATE KEY UPDATE unsettled = unsettled + 1`)
 		s.insertOrdered = c(insertCols[:len(insertCols)-2] + `, ordering_key, ordering_seq)
-VALUES (@stream, @group, @key, @kind, @payload, @metadata, @hash, @status, @now + @delay, @now, @okey, @seq)
-ON DUPLICATE KEY UPDATE millpond_outbox.id = millpond_outbox.id`)
-		s.requeueHead = c(`UPDATE millpond_outbox SET status = 'pending', attempts = 0, available_at = @now, last_error = '', key_released = 0 WHERE id = @id`)
-		s.requeueRejoined = c(`UPDATE millpond_outbox SET status = CASE WHEN @head THEN 'pending' ELSE 'blocked' END,
+VALUES (@eid, @stream, @group, @status, @now + @delay, @okey, @seq)
+ON DUPLICATE KEY UPDATE millpond_deliveries.id = millpond_deliveries.id`)
+		s.requeueHead = c(`UPDATE millpond_deliveries SET status = 'pending', attempts = 0, available_at = @now, last_error = '', key_released = 0 WHERE id = @id`)
+		s.requeueRejoined = c(`UPDATE millpond_deliveries SET status = CASE WHEN @head THEN 'pending' ELSE 'blocked' END,
   attempts = 0, available_at = @now, last_error = '', key_released = 0 WHERE id = @id`)
-		s.extend = c(`UPDATE millpond_outbox SET available_at = @now + @lease
+		s.extend = c(`UPDATE millpond_deliveries SET available_at = @now + @lease
 WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})
 ORDER BY id`)
-		s.extendCheck = c(`SELECT id, available_at FROM millpond_outbox WHERE status = 'processing' AND available_at = @expires AND (id, claim_key) IN ({pairs})`)
-		s.release = c(`UPDATE millpond_outbox SET status = 'pending', attempts = GREATEST(attempts - 1, 0), available_at = @now
+		s.extendCheck = c(`SELECT id, available_at FROM millpond_deliveries WHERE status = 'processing' AND available_at = @expires AND (id, claim_key) IN ({pairs})`)
+		s.release = c(`UPDATE millpond_deliveries SET status = 'pending', attempts = GREATEST(attempts - 1, 0), available_at = @now
 WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})
 ORDER BY id`)
-		s.requeue = c(`UPDATE millpond_outbox SET status = 'pending', attempts = 0, available_at = @now, last_error = ''
+		s.requeue = c(`UPDATE millpond_deliveries SET status = 'pending', attempts = 0, available_at = @now, last_error = ''
 WHERE status = 'dead_letter' AND stream = @stream AND ordering_key = '' AND id IN ({ids})
 ORDER BY id`)
 		// Purge picks the oldest deliveries with a plain read, then deletes
 		// them by id, in id order: a DELETE ... ORDER BY delivered_at would
 		// lock rows in delivery order.
-		s.purgeSelect = c(`SELECT id FROM millpond_outbox WHERE status = 'delivered' AND delivered_at < @now - @horizon ORDER BY delivered_at LIMIT @limit`)
-		s.purge = c(`DELETE FROM millpond_outbox WHERE status = 'delivered' AND id IN ({ids}) ORDER BY id`)
+		s.purgeSelect = c(`SELECT id FROM millpond_deliveries WHERE status = 'delivered' AND delivered_at < @now - @horizon ORDER BY delivered_at LIMIT @limit`)
+		s.deleteDeliveries = c(`DELETE FROM millpond_deliveries WHERE id IN ({ids}) ORDER BY id`)
 		s.register = c("INSERT INTO millpond_subscriptions (stream, consumer_group, event_kind, created_at) VALUES (@stream, @group, @kind, @now) ON DUPLICATE KEY UPDATE stream = stream")
 		s.migrationsDDL = "CREATE TABLE IF NOT EXISTS millpond_schema_migrations (version INT PRIMARY KEY, name VARCHAR(128) NOT NULL, applied_at BIGINT NOT NULL) ENGINE=InnoDB"
 		s.recordSQL = "INSERT INTO millpond_schema_migrations (version, name, applied_at) VALUES (?, ?, ?)"
 
 	case SQLite:
-		s.enqueue = c(insertCols + `SELECT @stream, g.consumer_group, @key, @kind, @payload, @metadata, @hash, 'pending', @now + @delay, @now
+		s.insertEvent = c(insertEventCols + `VALUES (@now, @stream, @key, @kind, @hash, @metadata, @payload)
+ON CONFLICT (stream, event_key) DO NOTHING
+RETURNING id`)
+		s.enqueue = c(insertCols + `SELECT @eid, @stream, g.consumer_group, 'pending', @now + @delay
 FROM (` + strings.Replace(groups, "%s", "", 1) + `) AS g
-WHERE NOT EXISTS (SELECT 1 ` + known + `)
-ON CONFLICT (stream, event_key, consumer_group) DO NOTHING
 RETURNING id`)
 		dead := deadAt("", "@hold")
-		s.claim = c(`UPDATE millpond_outbox SET
+		s.claim = c(`UPDATE millpond_deliveries SET
   status = CASE WHEN ` + dead + ` THEN 'dead_letter' ELSE 'processing' END,
   attempts = CASE WHEN ` + dead + ` THEN attempts ELSE attempts + 1 END,
   claimed_by = @worker,
@@ -537,17 +578,17 @@ RETURNING id`)
   last_error = CASE WHEN ` + dead + ` AND status = 'processing' THEN '` + lastErrorLeaseExpired + `' ELSE last_error END,
   available_at = @now + @lease
 WHERE id IN (
-  SELECT id FROM millpond_outbox
+  SELECT id FROM millpond_deliveries
   WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'processing') AND available_at <= @now
   ORDER BY id LIMIT @limit)
-RETURNING ` + claimColumns + `, status`)
-		s.ack = c(`UPDATE millpond_outbox SET status = 'delivered', delivered_at = @now
+RETURNING ` + claimRowColumns + `, status`)
+		s.ack = c(`UPDATE millpond_deliveries SET status = 'delivered', delivered_at = @now
 WHERE status = 'processing' AND available_at > @now AND ordering_key = '' AND (id, claim_key) IN ({pairs})
 RETURNING id`)
-		s.ackOrdered = c(`UPDATE millpond_outbox SET status = 'delivered', delivered_at = @now
+		s.ackOrdered = c(`UPDATE millpond_deliveries SET status = 'delivered', delivered_at = @now
 WHERE status = 'processing' AND available_at > @now AND ordering_key <> '' AND (id, claim_key) IN ({pairs})
 RETURNING id, stream, consumer_group, ordering_key`)
-		s.failSkip = c(`UPDATE millpond_outbox SET
+		s.failSkip = c(`UPDATE millpond_deliveries SET
   status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'pending' END,
   attempts = MIN(attempts, @max),
   key_released = (attempts >= @max AND ordering_key <> ''),
@@ -559,9 +600,9 @@ RETURNING status, stream, consumer_group, ordering_key`)
 		// rounds), then one statement promotes the next blocked event of
 		// each key that still has unsettled events.
 		s.releaseKeys = c(`UPDATE millpond_ordering SET unsettled = unsettled - 1 WHERE {keys}`)
-		s.promoteKeys = c(`UPDATE millpond_outbox SET status = 'pending', available_at = MAX(available_at, @now)
+		s.promoteKeys = c(`UPDATE millpond_deliveries SET status = 'pending', available_at = MAX(available_at, @now)
 WHERE status = 'blocked' AND id IN (
-  SELECT (SELECT b.id FROM millpond_outbox b
+  SELECT (SELECT b.id FROM millpond_deliveries b
     WHERE b.stream = k.stream AND b.consumer_group = k.consumer_group AND b.ordering_key = k.ordering_key AND b.status = 'blocked'
     ORDER BY b.ordering_seq LIMIT 1)
   FROM millpond_ordering k WHERE k.unsettled > 0 AND {keys})`)
@@ -574,27 +615,26 @@ VALUES (@stream, @group, @okey, 0, 1)
 ON CONFLICT (stream, consumer_group, ordering_key) DO UPDATE SET unsettled = unsettled + 1
 RETURNING unsettled`)
 		s.insertOrdered = c(insertCols[:len(insertCols)-2] + `, ordering_key, ordering_seq)
-VALUES (@stream, @group, @key, @kind, @payload, @metadata, @hash, @status, @now + @delay, @now, @okey, @seq)
-ON CONFLICT (stream, event_key, consumer_group) DO NOTHING
+VALUES (@eid, @stream, @group, @status, @now + @delay, @okey, @seq)
+ON CONFLICT (event_id, consumer_group) DO NOTHING
 RETURNING id`)
-		s.requeueHead = c(`UPDATE millpond_outbox SET status = 'pending', attempts = 0, available_at = @now, last_error = '', key_released = 0 WHERE id = @id`)
-		s.requeueRejoined = c(`UPDATE millpond_outbox SET status = CASE WHEN @head THEN 'pending' ELSE 'blocked' END,
+		s.requeueHead = c(`UPDATE millpond_deliveries SET status = 'pending', attempts = 0, available_at = @now, last_error = '', key_released = 0 WHERE id = @id`)
+		s.requeueRejoined = c(`UPDATE millpond_deliveries SET status = CASE WHEN @head THEN 'pending' ELSE 'blocked' END,
   attempts = 0, available_at = @now, last_error = '', key_released = 0 WHERE id = @id`)
-		s.fail = c(`UPDATE millpond_outbox SET
+		s.fail = c(`UPDATE millpond_deliveries SET
   status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'pending' END,
   available_at = @now + @delay, last_error = @reason
 WHERE id = @id AND claim_key = @key AND status = 'processing' AND available_at > @now
 RETURNING status`)
-		s.extend = c(`UPDATE millpond_outbox SET available_at = @now + @lease
+		s.extend = c(`UPDATE millpond_deliveries SET available_at = @now + @lease
 WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})
 RETURNING id, available_at`)
-		s.release = c(`UPDATE millpond_outbox SET status = 'pending', attempts = MAX(attempts - 1, 0), available_at = @now
+		s.release = c(`UPDATE millpond_deliveries SET status = 'pending', attempts = MAX(attempts - 1, 0), available_at = @now
 WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})`)
-		s.requeue = c(`UPDATE millpond_outbox SET status = 'pending', attempts = 0, available_at = @now, last_error = ''
+		s.requeue = c(`UPDATE millpond_deliveries SET status = 'pending', attempts = 0, available_at = @now, last_error = ''
 WHERE status = 'dead_letter' AND stream = @stream AND ordering_key = '' AND id IN ({ids})`)
-		s.purge = c(`DELETE FROM millpond_outbox WHERE id IN (
-  SELECT id FROM millpond_outbox WHERE status = 'delivered' AND delivered_at < @now - @horizon
-  ORDER BY delivered_at LIMIT @limit)`)
+		s.purgeSelect = c(`SELECT id FROM millpond_deliveries WHERE status = 'delivered' AND delivered_at < @now - @horizon
+ORDER BY delivered_at LIMIT @limit`)
 		s.register = c("INSERT INTO millpond_subscriptions (stream, consumer_group, event_kind, created_at) VALUES (@stream, @group, @kind, @now) ON CONFLICT DO NOTHING")
 		s.migrationsDDL = "CREATE TABLE IF NOT EXISTS millpond_schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)"
 		s.recordSQL = "INSERT INTO millpond_schema_migrations (version, name, applied_at) VALUES (?, ?, ?)"
@@ -710,7 +750,6 @@ type lifecycleStatements struct {
 	lockPending     query // … of pending rows of the default group
 
 	forgetKeys  query // delete a retired group's ordering-key states
-	deleteIDs   query // delete rows by id
 	copyPending query // a pending copy, for @group, of rows by id (keeps available_at)
 }
 
@@ -718,15 +757,15 @@ func newLifecycleStatements(d Dialect) lifecycleStatements {
 	c := d.compile
 	var s lifecycleStatements
 	s.subscriptions = c("SELECT stream, consumer_group, event_kind, created_at FROM millpond_subscriptions ORDER BY stream, consumer_group, event_kind")
-	s.activity = c(`SELECT stream, consumer_group,
+	s.activity = c(`SELECT d.stream, d.consumer_group,
   SUM(CASE WHEN status IN ('pending', 'blocked') THEN 1 ELSE 0 END),
   SUM(CASE WHEN status = 'processing' THEN 1 ELSE 0 END),
   SUM(CASE WHEN status = 'dead_letter' THEN 1 ELSE 0 END),
   SUM(CASE WHEN status = 'delivered' THEN 1 ELSE 0 END),
-  MAX(created_at), COALESCE(MAX(delivered_at), 0)
-FROM millpond_outbox
-GROUP BY stream, consumer_group
-ORDER BY stream, consumer_group`)
+  MAX(e.created_at), COALESCE(MAX(delivered_at), 0)
+FROM millpond_deliveries d JOIN millpond_events e ON e.id = d.event_id
+GROUP BY d.stream, d.consumer_group
+ORDER BY d.stream, d.consumer_group`)
 	s.schemaVersion = c("SELECT COALESCE(MAX(version), 0) FROM millpond_schema_migrations")
 
 	// State predicates: PostgreSQL's indexes filter on settled (see the schema).
@@ -737,21 +776,22 @@ ORDER BY stream, consumer_group`)
 	// moving them would take them out of their key's order.
 	dead, unsettled, pending := "status = 'dead_letter'", "status IN ('pending', 'processing', 'blocked')", "o.status IN ('pending', 'processing') AND o.status = 'pending' AND o.ordering_key = ''"
 	if d == Postgres {
-		dead, unsettled, pending = "settled AND delivered_at IS NULL AND status = 'dead_letter'", "(NOT settled OR status = 'blocked')", "NOT o.settled AND o.status = 'pending' AND o.ordering_key = ''"
+		dead, unsettled, pending = "settled AND delivered_at = 0 AND status = 'dead_letter'", "(NOT settled OR status = 'blocked')", "NOT o.settled AND o.status = 'pending' AND o.ordering_key = ''"
 	}
-	s.deadOfGroup = c(`SELECT id FROM millpond_outbox
-WHERE ` + dead + ` AND stream = @stream AND consumer_group = @group AND (@any_kind OR event_kind = @kind) AND id > @after
+	s.deadOfGroup = c(`SELECT id FROM millpond_deliveries
+WHERE ` + dead + ` AND stream = @stream AND consumer_group = @group AND id > @after
+  AND (@any_kind OR EXISTS (SELECT 1 FROM millpond_events e WHERE e.id = event_id AND e.event_kind = @kind))
 ORDER BY id LIMIT @limit`)
-	s.unsettledOfGroup = c(`SELECT id FROM millpond_outbox
+	s.unsettledOfGroup = c(`SELECT id FROM millpond_deliveries
 WHERE ` + unsettled + ` AND stream = @stream AND consumer_group = @group AND id > @after
 ORDER BY id LIMIT @limit`)
-	s.pendingDefault = c(`SELECT o.id FROM millpond_outbox o
+	s.pendingDefault = c(`SELECT o.id FROM millpond_deliveries o
 WHERE ` + pending + ` AND o.stream = @stream AND o.consumer_group = '' AND o.id > @after
-  AND EXISTS (` + fmt.Sprintf(takersOf, "o.event_kind") + `)
+  AND EXISTS (` + fmt.Sprintf(takersOf, "(SELECT e.event_kind FROM millpond_events e WHERE e.id = o.event_id)") + `)
 ORDER BY o.id LIMIT @limit`)
 
 	lock := func(state string) query {
-		const cols = "SELECT id, status, event_kind, consumer_group, ordering_key, key_released FROM millpond_outbox WHERE "
+		const cols = "SELECT id, status, (SELECT e.event_kind FROM millpond_events e WHERE e.id = millpond_deliveries.event_id), consumer_group, ordering_key, key_released FROM millpond_deliveries WHERE "
 		switch d {
 		case Postgres:
 			return c(cols + state + " AND stream = @stream AND id = ANY(@ids::BIGINT[]) ORDER BY id FOR UPDATE")
@@ -766,29 +806,26 @@ ORDER BY o.id LIMIT @limit`)
 	s.lockPending = lock("status = 'pending' AND consumer_group = '' AND ordering_key = ''")
 	s.forgetKeys = c("DELETE FROM millpond_ordering WHERE stream = @stream AND consumer_group = @group")
 
-	copyRows := insertColsFor + `SELECT src.stream, @group, src.event_key, src.event_kind, src.payload, src.metadata, src.content_hash, 'pending', src.available_at, src.created_at
-FROM millpond_outbox src WHERE src.id `
+	copyRows := insertColsFor + `SELECT src.event_id, src.stream, @group, 'pending', src.available_at
+FROM millpond_deliveries src WHERE src.id `
 	switch d {
 	case Postgres:
 		s.schemaTable = c("SELECT CASE WHEN to_regclass('millpond_schema_migrations') IS NULL THEN 0 ELSE 1 END")
 		s.groupCounts = c(`SELECT COUNT(*) FILTER (WHERE status IN ('pending', 'blocked')), COUNT(*) FILTER (WHERE status = 'processing'), COUNT(*) FILTER (WHERE status = 'dead_letter')
-FROM millpond_outbox WHERE stream = @stream AND consumer_group = @group AND (NOT settled OR delivered_at IS NULL)`)
-		s.deleteIDs = c("DELETE FROM millpond_outbox WHERE id = ANY(@ids::BIGINT[])")
-		s.copyPending = c(strings.Replace(copyRows, "@group", "@group::VARCHAR", 1) + "= ANY(@ids::BIGINT[])\nON CONFLICT (stream, event_key, consumer_group) DO NOTHING")
+FROM millpond_deliveries WHERE stream = @stream AND consumer_group = @group AND (NOT settled OR delivered_at = 0)`)
+		s.copyPending = c(strings.Replace(copyRows, "@group", "@group::VARCHAR", 1) + "= ANY(@ids::BIGINT[])\nON CONFLICT (event_id, consumer_group) DO NOTHING")
 	case MySQL:
 		s.schemaTable = c("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = 'millpond_schema_migrations'")
-		s.deleteIDs = c("DELETE FROM millpond_outbox WHERE id IN ({ids})")
-		s.copyPending = c(copyRows + "IN ({ids})\nON DUPLICATE KEY UPDATE millpond_outbox.id = millpond_outbox.id")
+		s.copyPending = c(copyRows + "IN ({ids})\nON DUPLICATE KEY UPDATE millpond_deliveries.id = millpond_deliveries.id")
 	default:
 		s.schemaTable = c("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'millpond_schema_migrations'")
-		s.deleteIDs = c("DELETE FROM millpond_outbox WHERE id IN ({ids})")
-		s.copyPending = c(copyRows + "IN ({ids})\nON CONFLICT (stream, event_key, consumer_group) DO NOTHING")
+		s.copyPending = c(copyRows + "IN ({ids})\nON CONFLICT (event_id, consumer_group) DO NOTHING")
 	}
 	if d != Postgres {
 		s.groupCounts = c(`SELECT COALESCE(SUM(CASE WHEN status IN ('pending', 'blocked') THEN 1 ELSE 0 END), 0),
   COALESCE(SUM(CASE WHEN status = 'processing' THEN 1 ELSE 0 END), 0),
   COALESCE(SUM(CASE WHEN status = 'dead_letter' THEN 1 ELSE 0 END), 0)
-FROM millpond_outbox WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'blocked', 'processing', 'dead_letter')`)
+FROM millpond_deliveries WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'blocked', 'processing', 'dead_letter')`)
 	}
 	return s
 }

@@ -1,0 +1,73 @@
+-- Back to one millpond_outbox row per event and group, every row, id and
+-- the AUTOINCREMENT high-water mark kept. The first statements make the
+-- step safe to run on a schema that is already gone (the next steps down
+-- drop the table again).
+DROP VIEW IF EXISTS millpond_outbox;
+CREATE TABLE IF NOT EXISTS millpond_events (
+    id           INTEGER PRIMARY KEY,
+    created_at   INTEGER NOT NULL,
+    stream       TEXT NOT NULL,
+    event_key    TEXT NOT NULL,
+    event_kind   TEXT NOT NULL,
+    content_hash BLOB NOT NULL,
+    metadata     TEXT NOT NULL DEFAULT '{}',
+    payload      BLOB NOT NULL,
+    UNIQUE (stream, event_key)
+);
+CREATE TABLE IF NOT EXISTS millpond_deliveries (
+    id             INTEGER PRIMARY KEY AUTOINCREMENT,
+    event_id       INTEGER NOT NULL,
+    stream         TEXT NOT NULL,
+    consumer_group TEXT NOT NULL DEFAULT '',
+    status         TEXT NOT NULL,
+    attempts       INTEGER NOT NULL DEFAULT 0,
+    claimed_by     TEXT NOT NULL DEFAULT '',
+    claim_key      TEXT NOT NULL DEFAULT '',
+    available_at   INTEGER NOT NULL,
+    delivered_at   INTEGER NOT NULL DEFAULT 0,
+    last_error     TEXT NOT NULL DEFAULT '',
+    ordering_key   TEXT NOT NULL DEFAULT '',
+    ordering_seq   INTEGER NOT NULL DEFAULT 0,
+    key_released   INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (event_id, consumer_group)
+);
+CREATE TABLE millpond_outbox (
+    id             INTEGER PRIMARY KEY AUTOINCREMENT,
+    stream         TEXT NOT NULL,
+    consumer_group TEXT NOT NULL DEFAULT '',
+    event_key      TEXT NOT NULL,
+    event_kind     TEXT NOT NULL,
+    payload        BLOB NOT NULL,
+    metadata       TEXT NOT NULL DEFAULT '{}',
+    content_hash   BLOB NOT NULL,
+    status         TEXT NOT NULL CHECK (status IN ('pending', 'processing', 'delivered', 'dead_letter', 'blocked')),
+    attempts       INTEGER NOT NULL DEFAULT 0,
+    claimed_by     TEXT NOT NULL DEFAULT '',
+    claim_key      TEXT NOT NULL DEFAULT '',
+    available_at   INTEGER NOT NULL,
+    created_at     INTEGER NOT NULL,
+    delivered_at   INTEGER,
+    last_error     TEXT NOT NULL DEFAULT '',
+    ordering_key   TEXT NOT NULL DEFAULT '',
+    ordering_seq   INTEGER NOT NULL DEFAULT 0,
+    key_released   INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (stream, event_key, consumer_group)
+);
+INSERT INTO millpond_outbox (id, stream, consumer_group, event_key, event_kind, payload, metadata, content_hash, status, attempts,
+    claimed_by, claim_key, available_at, created_at, delivered_at, last_error, ordering_key, ordering_seq, key_released)
+SELECT d.id, d.stream, d.consumer_group, e.event_key, e.event_kind, e.payload, e.metadata, e.content_hash, d.status, d.attempts,
+    d.claimed_by, d.claim_key, d.available_at, e.created_at, NULLIF(d.delivered_at, 0), d.last_error, d.ordering_key, d.ordering_seq, d.key_released
+FROM millpond_deliveries d JOIN millpond_events e ON e.id = d.event_id
+ORDER BY d.id;
+DELETE FROM sqlite_sequence WHERE name = 'millpond_outbox';
+INSERT INTO sqlite_sequence (name, seq) SELECT 'millpond_outbox', seq FROM sqlite_sequence WHERE name = 'millpond_deliveries';
+CREATE INDEX IF NOT EXISTS millpond_outbox_due_idx ON millpond_outbox (stream, consumer_group, id)
+    WHERE status IN ('pending', 'processing');
+CREATE INDEX IF NOT EXISTS millpond_outbox_dead_idx ON millpond_outbox (stream, consumer_group, id)
+    WHERE status = 'dead_letter';
+CREATE INDEX IF NOT EXISTS millpond_outbox_delivered_idx ON millpond_outbox (delivered_at)
+    WHERE status = 'delivered';
+CREATE INDEX IF NOT EXISTS millpond_outbox_blocked_idx ON millpond_outbox (stream, consumer_group, ordering_key, ordering_seq)
+    WHERE status = 'blocked';
+DROP TABLE millpond_deliveries;
+DROP TABLE millpond_events;
