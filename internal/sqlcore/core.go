@@ -13,7 +13,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
+	"strconv"
 	"time"
 )
 
@@ -310,6 +310,18 @@ func newClaimKey() string {
 	return hex.EncodeToString(b[:])
 }
 
+// derivedClaimKey is the claim key of row id in a MySQL claim whose secret
+// (newClaimKey, 128 random bits, never stored) is secret: the first 32 hex
+// digits of SHA-256(secret || decimal id), which the claim's UPDATE computes
+// in the database as LEFT(SHA2(CONCAT(secret, id), 256), 32). One argument
+// for the whole batch instead of a CASE of one branch per row, which MariaDB
+// evaluates row by row (a claim of 1,000 spent 30-60 ms in it). Without the
+// secret, a row's key cannot be told from another's, nor guessed.
+func derivedClaimKey(secret string, id int64) string {
+	sum := sha256.Sum256([]byte(secret + strconv.FormatInt(id, 10)))
+	return hex.EncodeToString(sum[:16])
+}
+
 // Claim takes up to req.Limit due events (pending and available, or
 // processing with an expired lease), oldest first, under a new lease with a
 // fresh claim key each. Due events whose attempts are used up are
@@ -475,18 +487,15 @@ func (c *Core) claimMySQL(ctx context.Context, req ClaimRequest) ([]Claimed, err
 		}
 		expires := now + micros(req.Lease)
 		ids := make([]int64, len(out))
-		var cases strings.Builder
-		args := []any{req.Worker, expires}
+		secret := newClaimKey()
 		for i := range out {
-			out[i].ClaimKey = newClaimKey()
+			out[i].ClaimKey = derivedClaimKey(secret, out[i].ID)
 			out[i].Attempts++
 			out[i].LeaseExpiresAt = fromMicros(expires)
 			ids[i] = out[i].ID
-			cases.WriteString("WHEN ? THEN ? ")
-			args = append(args, out[i].ID, out[i].ClaimKey)
 		}
-		text, idArgs := expandIDs(strings.Replace(c.stmts.claimUpdate, "{cases}", cases.String(), 1), ids)
-		_, err = tx.ExecContext(ctx, text, append(args, idArgs...)...)
+		text, idArgs := expandIDs(c.stmts.claimUpdate, ids)
+		_, err = tx.ExecContext(ctx, text, append([]any{req.Worker, expires, secret}, idArgs...)...)
 		return err
 	})
 	if err != nil {

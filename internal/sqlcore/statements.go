@@ -492,7 +492,7 @@ FOR UPDATE SKIP LOCKED`)
   status = 'dead_letter', claimed_by = @worker, claim_key = ''
 WHERE id IN ({ids})
 ORDER BY id`)
-		s.claimUpdate = "UPDATE millpond_deliveries SET status = 'processing', attempts = attempts + 1, claimed_by = ?, available_at = ?, claim_key = CASE id {cases} END WHERE id IN ({ids}) ORDER BY id"
+		s.claimUpdate = "UPDATE millpond_deliveries SET status = 'processing', attempts = attempts + 1, claimed_by = ?, available_at = ?, claim_key = LEFT(SHA2(CONCAT(?, id), 256), 32) WHERE id IN ({ids}) ORDER BY id"
 		// Several rows are locked in id order (see inIDOrder): the lists come
 		// sorted, InnoDB reads an id list in key order, and ORDER BY id says so.
 		s.ack = c(`SELECT id, stream, consumer_group, ordering_key FROM millpond_deliveries
