@@ -11,22 +11,22 @@ import (
 type wakeHub struct {
 	listening bool
 	mu        sync.Mutex
-	waiters   map[string]map[chan struct{}]struct{}
+	waiters   map[string]map[chan struct{}]string // stream -> channel -> consumer group
 }
 
 func newWakeHub() *wakeHub {
-	return &wakeHub{waiters: map[string]map[chan struct{}]struct{}{}}
+	return &wakeHub{waiters: map[string]map[chan struct{}]string{}}
 }
 
-// subscribe returns a channel signalled when stream may have due events,
-// and a function that stops the signals.
-func (h *wakeHub) subscribe(stream string) (<-chan struct{}, func()) {
+// subscribe returns a channel signalled when stream may have due events
+// for group, and a function that stops the signals.
+func (h *wakeHub) subscribe(stream, group string) (<-chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
 	h.mu.Lock()
 	if h.waiters[stream] == nil {
-		h.waiters[stream] = map[chan struct{}]struct{}{}
+		h.waiters[stream] = map[chan struct{}]string{}
 	}
-	h.waiters[stream][ch] = struct{}{}
+	h.waiters[stream][ch] = group
 	h.mu.Unlock()
 	return ch, func() {
 		h.mu.Lock()
@@ -50,21 +50,36 @@ func (h *wakeHub) count(stream string) int {
 func (h *wakeHub) notify(stream string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	signal := func(set map[chan struct{}]struct{}) {
-		for ch := range set {
-			select {
-			case ch <- struct{}{}:
-			default:
-			}
-		}
-	}
 	if stream == "" {
 		for _, set := range h.waiters {
-			signal(set)
+			signal(set, nil)
 		}
 		return
 	}
-	signal(h.waiters[stream])
+	signal(h.waiters[stream], nil)
+}
+
+// notifyGroup signals the waiters of one consumer group of stream: events
+// that became claimable for that group only (the next events of ordering
+// keys whose heads it settled).
+func (h *wakeHub) notifyGroup(stream, group string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	signal(h.waiters[stream], &group)
+}
+
+// signal wakes the channels of set (of group only, when group is not nil)
+// without blocking: a channel already signalled stays so.
+func signal(set map[chan struct{}]string, group *string) {
+	for ch, g := range set {
+		if group != nil && g != *group {
+			continue
+		}
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // notifyGate spaces out the NOTIFYs this process sends per stream.
