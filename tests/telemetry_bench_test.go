@@ -15,7 +15,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/millpond/millpond/bus"
@@ -88,16 +88,36 @@ func telemetryRound(tb testing.TB, db *testdb.Database, store *outbox.Store, str
 	return enqueue, deliver
 }
 
+// countingSpans is a span exporter that counts the consumer spans it is
+// given and drops them.
+type countingSpans struct{ consumer atomic.Int64 }
+
+func (c *countingSpans) ExportSpans(_ context.Context, spans []sdktrace.ReadOnlySpan) error {
+	for _, s := range spans {
+		if s.SpanKind() == trace.SpanKindConsumer {
+			c.consumer.Add(1)
+		}
+	}
+	return nil
+}
+func (c *countingSpans) Shutdown(context.Context) error { return nil }
+
 // BenchmarkTelemetryOverhead delivers the same workload with telemetry
 // off (no-op providers) and on (the OpenTelemetry SDK installed: every
-// span sampled and batched to a discarding exporter, metrics aggregated and
-// collected every 100 ms by a periodic reader with a discarding exporter),
-// interleaved, b.N pairs of rounds, and reports the on/off throughput
-// ratios of delivery and enqueue (median of the pairs);
+// span sampled and batched to an exporter that drops it, metrics
+// aggregated and collected every 100 ms by a periodic reader with a
+// discarding exporter), and reports the on/off throughput ratios of
+// delivery and enqueue. The machine it runs on is shared and noisy, so a
+// round of each runs first unmeasured (pools, caches), then b.N pairs of
+// rounds, interleaved (which goes first alternates), each round with its
+// own stream; it reports the median of the pairs' ratios and the ratio of
+// the summed times. It fails when the on rounds did not record what they
+// handled (one consumer span and one acknowledgement per event): a
+// measurement of telemetry that was not on would be no measurement.
 // MILLPOND_TELEMETRY_BENCH_ON=metrics or traces turns on only one of them.
 // Run it with
 //
-//	MILLPOND_TELEMETRY_BENCH_EVENTS=2000 go test -run '^$' -bench TelemetryOverhead -benchtime 5x ./tests/
+//	MILLPOND_TELEMETRY_BENCH_EVENTS=3000 go test -run '^$' -bench TelemetryOverhead -benchtime 8x ./tests/
 func BenchmarkTelemetryOverhead(b *testing.B) {
 	n := 2000
 	if v, err := strconv.Atoi(os.Getenv("MILLPOND_TELEMETRY_BENCH_EVENTS")); err == nil && v > 0 {
@@ -109,22 +129,27 @@ func BenchmarkTelemetryOverhead(b *testing.B) {
 	}
 	db := testdb.New(b, dialect)
 	off := db.Store(b, outbox.WithMeterProvider(metricnoop.NewMeterProvider()), outbox.WithTracerProvider(tracenoop.NewTracerProvider()))
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewPeriodicReader(discardMetrics{}, sdkmetric.WithInterval(100*time.Millisecond))))
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()))
+	reader := sdkmetric.NewManualReader() // read at the end, for the check
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewPeriodicReader(discardMetrics{}, sdkmetric.WithInterval(100*time.Millisecond))), sdkmetric.WithReader(reader))
+	spans := &countingSpans{}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(spans))
 	b.Cleanup(func() {
 		_ = mp.Shutdown(context.Background())
 		_ = tp.Shutdown(context.Background())
 	})
 	onOpts := []outbox.Option{outbox.WithMeterProvider(mp), outbox.WithTracerProvider(tp), outbox.WithPropagator(w3c), outbox.WithStatsInterval(time.Second)}
+	traces, metrics := true, true
 	switch os.Getenv("MILLPOND_TELEMETRY_BENCH_ON") { // to tell the costs apart
 	case "metrics":
-		onOpts = append(onOpts, outbox.WithTracerProvider(tracenoop.NewTracerProvider()))
+		onOpts, traces = append(onOpts, outbox.WithTracerProvider(tracenoop.NewTracerProvider())), false
 	case "traces":
-		onOpts = append(onOpts, outbox.WithMeterProvider(metricnoop.NewMeterProvider()))
+		onOpts, metrics = append(onOpts, outbox.WithMeterProvider(metricnoop.NewMeterProvider())), false
 	case "spans": // traces without the trace context in the metadata
-		onOpts = append(onOpts, outbox.WithMeterProvider(metricnoop.NewMeterProvider()), outbox.WithPropagator(propagation.NewCompositeTextMapPropagator()))
+		onOpts, metrics = append(onOpts, outbox.WithMeterProvider(metricnoop.NewMeterProvider()), outbox.WithPropagator(propagation.NewCompositeTextMapPropagator())), false
 	}
 	on := db.Store(b, onOpts...)
+	telemetryRound(b, db, off, "warm-off", n)
+	telemetryRound(b, db, on, "warm-on", n)
 	var deliverRatios, enqueueRatios []float64
 	var offDeliver, onDeliver time.Duration
 	b.ResetTimer()
@@ -143,11 +168,46 @@ func BenchmarkTelemetryOverhead(b *testing.B) {
 		enqueueRatios = append(enqueueRatios, eOff.Seconds()/eOn.Seconds())
 	}
 	b.StopTimer()
+
+	// Everything the on rounds handled was recorded.
+	handled := int64(n * (b.N + 1))
+	if traces {
+		if err := tp.ForceFlush(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		if got := spans.consumer.Load(); got < handled {
+			b.Fatalf("%d consumer spans exported, want one per handled event (%d)", got, handled)
+		}
+	}
+	if metrics {
+		var rm metricdata.ResourceMetrics
+		if err := reader.Collect(context.Background(), &rm); err != nil {
+			b.Fatal(err)
+		}
+		var acked int64
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "millpond.events.acknowledged" {
+					for _, p := range sum.DataPoints {
+						acked += p.Value
+					}
+				}
+			}
+		}
+		if acked != handled {
+			b.Fatalf("millpond.events.acknowledged = %d, want the %d events handled with telemetry on", acked, handled)
+		}
+	}
+
 	median := func(xs []float64) float64 {
 		slices.Sort(xs)
+		if len(xs)%2 == 0 {
+			return (xs[len(xs)/2-1] + xs[len(xs)/2]) / 2
+		}
 		return xs[len(xs)/2]
 	}
 	b.ReportMetric(median(deliverRatios), "deliver-on/off")
+	b.ReportMetric(offDeliver.Seconds()/onDeliver.Seconds(), "deliver-total-on/off")
 	b.ReportMetric(median(enqueueRatios), "enqueue-on/off")
 	b.ReportMetric(float64(n*b.N)/offDeliver.Seconds(), "off-events/s")
 	b.ReportMetric(float64(n*b.N)/onDeliver.Seconds(), "on-events/s")
