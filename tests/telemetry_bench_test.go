@@ -39,8 +39,9 @@ func (discardMetrics) ForceFlush(context.Context) error                         
 func (discardMetrics) Shutdown(context.Context) error                            { return nil }
 
 // telemetryRound enqueues n events, then times their delivery through a
-// bus (one handler, batch 100, 8 in flight) over store.
-func telemetryRound(tb testing.TB, db *testdb.Database, store *outbox.Store, stream string, n int) (enqueue, deliver time.Duration) {
+// bus (one handler, batch 100, 8 in flight) over store; cpu is the CPU time
+// this process used during the delivery (0 where it is not measured).
+func telemetryRound(tb testing.TB, db *testdb.Database, store *outbox.Store, stream string, n int) (enqueue, deliver, cpu time.Duration) {
 	tb.Helper()
 	ctx := context.Background()
 	var handled atomic.Int64
@@ -72,6 +73,7 @@ func telemetryRound(tb testing.TB, db *testdb.Database, store *outbox.Store, str
 		}
 	}
 	enqueue = time.Since(start)
+	cpuStart := processCPU()
 	start = time.Now()
 	if err := b.Start(ctx); err != nil {
 		tb.Fatal(err)
@@ -82,10 +84,11 @@ func telemetryRound(tb testing.TB, db *testdb.Database, store *outbox.Store, str
 		tb.Fatalf("delivered %d of %d", handled.Load(), n)
 	}
 	deliver = time.Since(start)
+	cpu = processCPU() - cpuStart
 	if err := b.Stop(ctx); err != nil {
 		tb.Fatal(err)
 	}
-	return enqueue, deliver
+	return enqueue, deliver, cpu
 }
 
 // countingSpans is a span exporter that counts the consumer spans it is
@@ -111,7 +114,9 @@ func (c *countingSpans) Shutdown(context.Context) error { return nil }
 // round of each runs first unmeasured (pools, caches), then b.N pairs of
 // rounds, interleaved (which goes first alternates), each round with its
 // own stream; it reports the median of the pairs' ratios and the ratio of
-// the summed times. It fails when the on rounds did not record what they
+// the summed times, and the median ratio of the CPU time the process used
+// to deliver (on over off: what telemetry costs the client, which the
+// throughput shows only when the client, not the database, is the limit). It fails when the on rounds did not record what they
 // handled (one consumer span and one acknowledgement per event): a
 // measurement of telemetry that was not on would be no measurement.
 // MILLPOND_TELEMETRY_BENCH_ON=metrics or traces turns on only one of them.
@@ -150,22 +155,25 @@ func BenchmarkTelemetryOverhead(b *testing.B) {
 	on := db.Store(b, onOpts...)
 	telemetryRound(b, db, off, "warm-off", n)
 	telemetryRound(b, db, on, "warm-on", n)
-	var deliverRatios, enqueueRatios []float64
+	var deliverRatios, enqueueRatios, cpuRatios []float64
 	var offDeliver, onDeliver time.Duration
 	b.ResetTimer()
 	for i := range b.N {
-		var eOff, dOff, eOn, dOn time.Duration
+		var eOff, dOff, cOff, eOn, dOn, cOn time.Duration
 		if i%2 == 0 { // alternate which goes first
-			eOff, dOff = telemetryRound(b, db, off, fmt.Sprint("off", i), n)
-			eOn, dOn = telemetryRound(b, db, on, fmt.Sprint("on", i), n)
+			eOff, dOff, cOff = telemetryRound(b, db, off, fmt.Sprint("off", i), n)
+			eOn, dOn, cOn = telemetryRound(b, db, on, fmt.Sprint("on", i), n)
 		} else {
-			eOn, dOn = telemetryRound(b, db, on, fmt.Sprint("on", i), n)
-			eOff, dOff = telemetryRound(b, db, off, fmt.Sprint("off", i), n)
+			eOn, dOn, cOn = telemetryRound(b, db, on, fmt.Sprint("on", i), n)
+			eOff, dOff, cOff = telemetryRound(b, db, off, fmt.Sprint("off", i), n)
 		}
 		offDeliver += dOff
 		onDeliver += dOn
 		deliverRatios = append(deliverRatios, dOff.Seconds()/dOn.Seconds())
 		enqueueRatios = append(enqueueRatios, eOff.Seconds()/eOn.Seconds())
+		if cOff > 0 && cOn > 0 {
+			cpuRatios = append(cpuRatios, cOn.Seconds()/cOff.Seconds())
+		}
 	}
 	b.StopTimer()
 
@@ -209,6 +217,12 @@ func BenchmarkTelemetryOverhead(b *testing.B) {
 	b.ReportMetric(median(deliverRatios), "deliver-on/off")
 	b.ReportMetric(offDeliver.Seconds()/onDeliver.Seconds(), "deliver-total-on/off")
 	b.ReportMetric(median(enqueueRatios), "enqueue-on/off")
+	if len(cpuRatios) > 0 {
+		// The client's own CPU per delivery, on over off (higher is more
+		// expensive): unlike the throughput it hardly depends on how busy
+		// the database and the machine are.
+		b.ReportMetric(median(cpuRatios), "deliver-cpu-on/off")
+	}
 	b.ReportMetric(float64(n*b.N)/offDeliver.Seconds(), "off-events/s")
 	b.ReportMetric(float64(n*b.N)/onDeliver.Seconds(), "on-events/s")
 }
