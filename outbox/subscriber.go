@@ -260,6 +260,11 @@ type subscription struct {
 	// queued or being written: each will make its key's next event
 	// claimable when it commits.
 	orderedAcks atomic.Int64
+	// ackMu guards the acknowledger's count of writes under way; ackCond
+	// is signalled when a write ends, or when enough ordered acks queue up
+	// for a second write.
+	ackMu   sync.Mutex
+	ackCond *sync.Cond
 
 	tel *subTelemetry
 }
@@ -314,7 +319,7 @@ func (sub *subscription) settledAs(r Receipt) settlement {
 
 func newSubscription(ctx context.Context, s *Subscriber, topic string) *subscription {
 	s.store.noteGroup(topic, s.config.ConsumerGroup)
-	return &subscription{
+	sub := &subscription{
 		s: s, cfg: &s.config, store: s.store, topic: topic, ctx: ctx,
 		stop:    make(chan struct{}),
 		out:     make(chan *message.Message),
@@ -328,6 +333,8 @@ func newSubscription(ctx context.Context, s *Subscriber, topic string) *subscrip
 		tel:     s.store.tel.forSubscription(topic, s.config.ConsumerGroup),
 		ordered: map[int64]bool{},
 	}
+	sub.ackCond = sync.NewCond(&sub.ackMu)
+	return sub
 }
 
 func (sub *subscription) run() {
@@ -588,6 +595,13 @@ func (sub *subscription) deliver(c Claimed) bool {
 				sub.orderedAcks.Add(1)
 			}
 			sub.acks <- c.Receipt()
+			if c.OrderingKey != "" && len(sub.acks) >= secondWriteMin {
+				// A second write may start. Taking the lock orders this
+				// signal after the acknowledger's check or while it waits.
+				sub.ackMu.Lock()
+				sub.ackMu.Unlock() //nolint:staticcheck // an empty critical section on purpose
+				sub.ackCond.Broadcast()
+			}
 			return true
 		case <-msg.Nacked():
 			unsettled = ""
@@ -755,6 +769,10 @@ func ackBacklog(c *SubscriberConfig) int {
 // events cost about 80 µs each there, 100 events 16 µs).
 const orderedAckBatch = 128
 
+// secondWriteMin is how many acks must be queued, ordered ones among them,
+// for a second ack write to start while one runs.
+const secondWriteMin = 32
+
 // maxAckWrites is the most ack writes a subscription has under way at once:
 // a second write runs alongside the first only while acks of ordered events
 // are queued or being written (see ackLoop), and never on SQLite, which
@@ -783,8 +801,7 @@ func (sub *subscription) maxAckWrites() int {
 func (sub *subscription) ackLoop() {
 	writes := sub.maxAckWrites()
 	var (
-		mu      sync.Mutex
-		done    = sync.NewCond(&mu)
+		mu      = &sub.ackMu
 		writing int // writes under way
 		held    int // acks in them
 		writers sync.WaitGroup
@@ -792,10 +809,13 @@ func (sub *subscription) ackLoop() {
 	for {
 		// Wait for a write to be allowed before taking an ack from the
 		// queue, so that the queue and the writes under way never hold
-		// more than two queues' worth of acks together.
+		// more than two queues' worth of acks together. A second write
+		// runs only for ordered acks, and only when enough of them wait:
+		// with few keys, splitting a handful of acks over two statements
+		// would only add commits and claims.
 		mu.Lock()
-		for writing > 0 && (writing >= writes || held >= cap(sub.acks) || sub.orderedAcks.Load() == 0) {
-			done.Wait()
+		for writing > 0 && (writing >= writes || held >= cap(sub.acks) || sub.orderedAcks.Load() == 0 || len(sub.acks) < secondWriteMin) {
+			sub.ackCond.Wait()
 		}
 		mu.Unlock()
 		r, ok := <-sub.acks
@@ -830,7 +850,7 @@ func (sub *subscription) ackLoop() {
 			writing--
 			held -= len(batch)
 			mu.Unlock()
-			done.Broadcast()
+			sub.ackCond.Broadcast()
 		})
 	}
 	writers.Wait()
