@@ -377,7 +377,7 @@ func (sub *subscription) run() {
 // doubling while claims come back empty, up to PollInterval), so events of
 // transactions that commit just after a wake-up are found at once.
 func (sub *subscription) claimLoop() {
-	wake, unsubscribe := sub.store.wake.subscribe(sub.topic, sub.cfg.ConsumerGroup)
+	wake, unsubscribe := sub.store.wake.subscribeGroup(sub.topic, sub.cfg.ConsumerGroup)
 	defer unsubscribe()
 	idle := time.NewTimer(0)
 	defer idle.Stop()
