@@ -12,11 +12,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/cenkalti/backoff/v5"
+
+	"github.com/millpond/millpond/internal/sqlcore"
 )
 
 // SubscriberConfig configures a Subscriber. Zero values take the defaults.
@@ -253,6 +256,16 @@ type subscription struct {
 	kinds   map[int64]string     // the kind of each held event, for metrics
 	ordered map[int64]bool       // held events with an ordering key
 
+	// orderedAcks counts the acks of events with an ordering key that are
+	// queued or being written: each will make its key's next event
+	// claimable when it commits.
+	orderedAcks atomic.Int64
+	// ackMu guards the acknowledger's count of writes under way; ackCond
+	// is signalled when a write ends, or when enough ordered acks queue up
+	// for a second write.
+	ackMu   sync.Mutex
+	ackCond *sync.Cond
+
 	tel *subTelemetry
 }
 
@@ -306,7 +319,7 @@ func (sub *subscription) settledAs(r Receipt) settlement {
 
 func newSubscription(ctx context.Context, s *Subscriber, topic string) *subscription {
 	s.store.noteGroup(topic, s.config.ConsumerGroup)
-	return &subscription{
+	sub := &subscription{
 		s: s, cfg: &s.config, store: s.store, topic: topic, ctx: ctx,
 		stop:    make(chan struct{}),
 		out:     make(chan *message.Message),
@@ -320,6 +333,8 @@ func newSubscription(ctx context.Context, s *Subscriber, topic string) *subscrip
 		tel:     s.store.tel.forSubscription(topic, s.config.ConsumerGroup),
 		ordered: map[int64]bool{},
 	}
+	sub.ackCond = sync.NewCond(&sub.ackMu)
+	return sub
 }
 
 func (sub *subscription) run() {
@@ -362,7 +377,7 @@ func (sub *subscription) run() {
 // doubling while claims come back empty, up to PollInterval), so events of
 // transactions that commit just after a wake-up are found at once.
 func (sub *subscription) claimLoop() {
-	wake, unsubscribe := sub.store.wake.subscribe(sub.topic)
+	wake, unsubscribe := sub.store.wake.subscribeGroup(sub.topic, sub.cfg.ConsumerGroup)
 	defer unsubscribe()
 	idle := time.NewTimer(0)
 	defer idle.Stop()
@@ -385,6 +400,14 @@ func (sub *subscription) claimLoop() {
 			case <-sub.taken:
 				continue
 			}
+		}
+		// This claim sees what every wake-up received so far announced
+		// (except events of transactions not committed yet, which the
+		// quick polls below find): drop them, so that only a wake-up
+		// arriving from now on calls for another claim.
+		select {
+		case <-wake:
+		default:
 		}
 		ctx, cancel := sub.opCtx()
 		claimed, err := sub.store.Claim(ctx, ClaimRequest{
@@ -426,6 +449,13 @@ func (sub *subscription) claimLoop() {
 		switch {
 		case len(claimed) == room:
 			wait = 0 // more may be due right now
+		case sub.orderedAcks.Load() > 0:
+			// Acks of ordered events are being written: each makes
+			// the next event of its key claimable when it commits, and
+			// its writer wakes this loop then (as does an enqueue or a
+			// NOTIFY). Polling meanwhile would mostly find nothing and
+			// slow those very writes down.
+			wait = sub.cfg.PollInterval
 		case len(claimed) > 0:
 			wait = quick
 		default:
@@ -552,12 +582,26 @@ func (sub *subscription) deliver(c Claimed) bool {
 				// the lease expires and the event is retried.
 				sub.tel.acknowledged(ctx, c.Kind, 1)
 				sub.forget(c.Receipt())
+				if c.OrderingKey != "" {
+					// That commit made the key's next event claimable.
+					sub.store.wake.notifyGroup(sub.topic, sub.cfg.ConsumerGroup)
+				}
 				return true
 			}
 			sub.mu.Lock()
 			sub.settled[c.ID] = ackQueued
 			sub.mu.Unlock()
+			if c.OrderingKey != "" {
+				sub.orderedAcks.Add(1)
+			}
 			sub.acks <- c.Receipt()
+			if c.OrderingKey != "" && len(sub.acks) >= secondWriteMin {
+				// A second write may start. Taking the lock orders this
+				// signal after the acknowledger's check or while it waits.
+				sub.ackMu.Lock()
+				sub.ackMu.Unlock() //nolint:staticcheck // an empty critical section on purpose
+				sub.ackCond.Broadcast()
+			}
 			return true
 		case <-msg.Nacked():
 			unsettled = ""
@@ -624,6 +668,11 @@ func (sub *subscription) fail(c Claimed, msg *message.Message) {
 		}
 		if err == nil {
 			sub.tel.failed(ctx, c.Kind, out.DeadLettered)
+			if out.DeadLettered && c.OrderingKey != "" {
+				// Under DeadLetterSkip the key's next event became
+				// claimable.
+				sub.store.wake.notifyGroup(sub.topic, sub.cfg.ConsumerGroup)
+			}
 		}
 		return err
 	})
@@ -703,23 +752,85 @@ func (sub *subscription) releaseQueued() {
 
 // ackBacklog is the capacity of a subscription's ack queue: one claim batch
 // plus the messages in flight. A handler's Ack waits while the queue is full,
-// so at most two backlogs of acks (one queued, one being written) plus
-// MaxInFlight are unwritten at any time: that bounds what a crash delivers
-// again (see docs/architecture.md).
+// and the writes under way together hold at most as many acks, so at most
+// two backlogs of acks (one queued, one being written) plus MaxInFlight are
+// unwritten at any time: that bounds what a crash delivers again (see
+// docs/architecture.md).
 func ackBacklog(c *SubscriberConfig) int {
 	return min(c.BatchSize+c.MaxInFlight, MaxBatch)
 }
 
+// orderedAckBatch is the most acks one write takes while acks of ordered
+// events are waiting. Smaller writes commit sooner, and each commit makes
+// the next events of its keys claimable, so the handlers get work while
+// the next write runs; and on PostgreSQL the statement that settles ordered
+// events costs more per event the bigger its batch (its check of the key
+// rows' versions compares every key of the batch with every other: 500
+// events cost about 80 µs each there, 100 events 16 µs).
+const orderedAckBatch = 128
+
+// secondWriteMin is how many acks must be queued, ordered ones among them,
+// for a second ack write to start while one runs.
+const secondWriteMin = 32
+
+// maxAckWrites is the most ack writes a subscription has under way at once:
+// a second write runs alongside the first only while acks of ordered events
+// are queued or being written (see ackLoop), and never on SQLite, which
+// runs one write at a time anyway.
+func (sub *subscription) maxAckWrites() int {
+	if sub.store.Dialect() == string(sqlcore.SQLite) {
+		return 1
+	}
+	return 2
+}
+
 // ackLoop writes acks in batches: it waits for one, takes every other ack
-// already waiting (at most the queue's capacity), and writes them in one
-// statement at once; there is no timer, so an ack waits at most for the
-// write before it to end, then for its own.
+// already waiting, and writes them in one statement; there is no timer, so
+// an ack waits at most for the write before it to end, then for its own.
+// The writes under way hold at most the queue's capacity of acks together.
+//
+// Acks of ordered events may be written by two statements at once, in
+// batches of at most orderedAckBatch: the next event of a key becomes
+// claimable only when the ack of its head commits, and one long write of a
+// big batch would leave the handlers idle until it ends. Concurrent writes
+// never wait for each other: their receipts are distinct, and so are their
+// ordering keys (a subscription holds at most one event per key and group).
+// Unordered acks gain nothing from a second write (they are cheap to write
+// and nothing waits for them), so a stream without ordering keys keeps one
+// write at a time and its big batches.
 func (sub *subscription) ackLoop() {
-	batch := make([]Receipt, 0, cap(sub.acks))
-	for r := range sub.acks {
-		batch = append(batch[:0], r)
+	writes := sub.maxAckWrites()
+	var (
+		mu      = &sub.ackMu
+		writing int // writes under way
+		held    int // acks in them
+		writers sync.WaitGroup
+	)
+	for {
+		// Wait for a write to be allowed before taking an ack from the
+		// queue, so that the queue and the writes under way never hold
+		// more than two queues' worth of acks together. A second write
+		// runs only for ordered acks, and only when enough of them wait:
+		// with few keys, splitting a handful of acks over two statements
+		// would only add commits and claims.
+		mu.Lock()
+		for writing > 0 && (writing >= writes || held >= cap(sub.acks) || sub.orderedAcks.Load() == 0 || len(sub.acks) < secondWriteMin) {
+			sub.ackCond.Wait()
+		}
+		mu.Unlock()
+		r, ok := <-sub.acks
+		if !ok {
+			break
+		}
+		mu.Lock()
+		limit := cap(sub.acks) - held
+		if sub.orderedAcks.Load() > 0 {
+			limit = min(limit, orderedAckBatch)
+		}
+		batch := make([]Receipt, 1, limit)
+		batch[0] = r
 	more:
-		for len(batch) < cap(sub.acks) {
+		for len(batch) < limit {
 			select {
 			case r, ok := <-sub.acks:
 				if !ok {
@@ -730,18 +841,39 @@ func (sub *subscription) ackLoop() {
 				break more
 			}
 		}
-		sub.flushAcks(batch)
+		writing++
+		held += len(batch)
+		mu.Unlock()
+		writers.Go(func() {
+			sub.flushAcks(batch)
+			mu.Lock()
+			writing--
+			held -= len(batch)
+			mu.Unlock()
+			sub.ackCond.Broadcast()
+		})
 	}
+	writers.Wait()
 }
 
 func (sub *subscription) flushAcks(batch []Receipt) {
 	defer sub.forget(batch...)
 	sub.mu.Lock()
-	ordered := false
+	ordered := 0
 	for _, r := range batch {
-		ordered = ordered || sub.ordered[r.ID]
+		if sub.ordered[r.ID] {
+			ordered++
+		}
 	}
 	sub.mu.Unlock()
+	if ordered > 0 {
+		// Whether the write succeeds or not, wake the claimer, which
+		// waits for these acks rather than polling (see claimLoop).
+		defer func() {
+			sub.orderedAcks.Add(-int64(ordered))
+			sub.store.wake.notifyGroup(sub.topic, sub.cfg.ConsumerGroup)
+		}()
+	}
 	var stale []Receipt
 	err := retry(nil, sub.cfg.Lease/2, func() error {
 		var err error
@@ -756,12 +888,6 @@ func (sub *subscription) flushAcks(batch []Receipt) {
 	}
 	if len(stale) > 0 {
 		sub.logger.Info("Acked events had lost their leases and may be delivered again", watermill.LogFields{"events": len(stale)})
-	}
-	if ordered {
-		// The acknowledgement made the next events of their keys
-		// claimable: wake this process's subscriptions of the stream
-		// rather than leave them to their poll interval.
-		sub.store.wake.notify(sub.topic)
 	}
 	sub.countAcks(batch, stale)
 }

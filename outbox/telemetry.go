@@ -308,6 +308,32 @@ type kindTelemetry struct {
 	ack   metric.MeasurementOption // ... and outcome ack
 	nack  metric.MeasurementOption // ... and outcome nack
 	span  []attribute.KeyValue     // the consumer span's fixed attributes
+	// starts holds *spanStart values for this kind's consumer spans.
+	starts sync.Pool
+}
+
+// spanStart is the start options of one consumer span, kept for reuse:
+// attrs holds the kind's fixed attributes followed by the message's id and
+// attempt, which are set before each start, and opts refers to attrs. A
+// tracer copies the attributes while it starts the span
+// (trace.NewSpanStartConfig appends them to its own slice), so that after
+// Start returns the value can serve the next message: a handling then
+// allocates neither the attribute slice nor the options.
+type spanStart struct {
+	attrs []attribute.KeyValue
+	opts  []trace.SpanStartOption
+}
+
+// consumerKind is the span kind option of every consumer span.
+var consumerKind = trace.WithSpanKind(trace.SpanKindConsumer)
+
+func (k *kindTelemetry) spanStart() *spanStart {
+	if p, ok := k.starts.Get().(*spanStart); ok {
+		return p
+	}
+	attrs := append(make([]attribute.KeyValue, 0, len(k.span)+2), k.span...)
+	attrs = append(attrs, semconv.MessagingMessageID(""), AttrAttempt.Int(0))
+	return &spanStart{attrs: attrs, opts: []trace.SpanStartOption{consumerKind, trace.WithAttributes(attrs...)}}
 }
 
 func (t *telemetry) forSubscription(stream, group string) *subTelemetry {
@@ -334,18 +360,44 @@ func (st *subTelemetry) kind(kind string) *kindTelemetry {
 	return k
 }
 
-// claimed counts a claim's events.
+// claimed counts a claim's events: one Add per kind of the batch (and one
+// per kind with reclaims), not one per event.
 func (st *subTelemetry) claimed(ctx context.Context, cs []Claimed) {
 	if len(cs) == 0 || !st.t.claimed.Enabled(ctx) {
 		return
 	}
 	st.t.batchSize.Record(ctx, int64(len(cs)), st.base)
-	for _, c := range cs {
-		k := st.kind(c.Kind)
-		st.t.claimed.Add(ctx, 1, k.attrs)
-		if c.Reclaimed {
-			st.t.reclaimed.Add(ctx, 1, k.attrs)
+	type count struct{ claimed, reclaimed int64 }
+	add := func(kind string, n count) {
+		k := st.kind(kind)
+		st.t.claimed.Add(ctx, n.claimed, k.attrs)
+		if n.reclaimed > 0 {
+			st.t.reclaimed.Add(ctx, n.reclaimed, k.attrs)
 		}
+	}
+	var first count // the events of cs[0]'s kind; a batch usually has one kind
+	var others map[string]count
+	for _, c := range cs {
+		var reclaimed int64
+		if c.Reclaimed {
+			reclaimed = 1
+		}
+		if c.Kind == cs[0].Kind {
+			first.claimed++
+			first.reclaimed += reclaimed
+			continue
+		}
+		if others == nil {
+			others = map[string]count{}
+		}
+		o := others[c.Kind]
+		o.claimed++
+		o.reclaimed += reclaimed
+		others[c.Kind] = o
+	}
+	add(cs[0].Kind, first)
+	for kind, n := range others {
+		add(kind, n)
 	}
 }
 
@@ -380,24 +432,29 @@ type handling struct {
 func (st *subTelemetry) startProcess(ctx context.Context, c Claimed) (context.Context, *handling) {
 	k := st.kind(c.Kind)
 	h := &handling{st: st, kind: k}
-	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
+	p := k.spanStart()
+	opts := p.opts
 	if hasTraceContext(c.Metadata) {
-		produced := st.t.prop().Extract(context.Background(), propagation.MapCarrier(c.Metadata))
-		if sc := trace.SpanContextFromContext(produced); sc.IsValid() {
-			if !trace.SpanContextFromContext(ctx).IsValid() {
-				ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
-			} else {
-				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
+		if !trace.SpanContextFromContext(ctx).IsValid() {
+			// The usual case: the propagator puts the producer's span
+			// context (the parent) and baggage straight into ctx.
+			ctx = st.t.prop().Extract(ctx, propagation.MapCarrier(c.Metadata))
+		} else {
+			produced := st.t.prop().Extract(context.Background(), propagation.MapCarrier(c.Metadata))
+			if sc := trace.SpanContextFromContext(produced); sc.IsValid() {
+				opts = append(opts[:len(opts):len(opts)], trace.WithLinks(trace.Link{SpanContext: sc}))
+			}
+			if b := baggage.FromContext(produced); b.Len() > 0 {
+				ctx = baggage.ContextWithBaggage(ctx, b)
 			}
 		}
-		if b := baggage.FromContext(produced); b.Len() > 0 {
-			ctx = baggage.ContextWithBaggage(ctx, b)
-		}
 	}
-	attrs := append(make([]attribute.KeyValue, 0, len(k.span)+2), k.span...)
-	attrs = append(attrs, semconv.MessagingMessageID(strconv.FormatInt(c.ID, 10)), AttrAttempt.Int(c.Attempts))
-	opts = append(opts, trace.WithAttributes(attrs...))
+	n := len(p.attrs)
+	p.attrs[n-2] = semconv.MessagingMessageID(strconv.FormatInt(c.ID, 10))
+	p.attrs[n-1] = AttrAttempt.Int(c.Attempts)
 	ctx, h.span = st.t.tracer.Start(ctx, st.name, opts...)
+	p.attrs[n-2] = semconv.MessagingMessageID("") // drop the id's string
+	k.starts.Put(p)
 	return ctx, h
 }
 

@@ -11,22 +11,38 @@ import (
 type wakeHub struct {
 	listening bool
 	mu        sync.Mutex
-	waiters   map[string]map[chan struct{}]struct{}
+	waiters   map[string]map[chan struct{}]waiter // stream -> channel -> whose
+}
+
+// waiter is whom a wake-up channel serves: one consumer group, or any.
+type waiter struct {
+	group string
+	any   bool
 }
 
 func newWakeHub() *wakeHub {
-	return &wakeHub{waiters: map[string]map[chan struct{}]struct{}{}}
+	return &wakeHub{waiters: map[string]map[chan struct{}]waiter{}}
 }
 
-// subscribe returns a channel signalled when stream may have due events,
-// and a function that stops the signals.
+// subscribe returns a channel signalled when stream may have due events
+// for any consumer group, and a function that stops the signals.
 func (h *wakeHub) subscribe(stream string) (<-chan struct{}, func()) {
+	return h.add(stream, waiter{any: true})
+}
+
+// subscribeGroup is subscribe for one consumer group: it is not signalled
+// when only another group's events became claimable (notifyGroup).
+func (h *wakeHub) subscribeGroup(stream, group string) (<-chan struct{}, func()) {
+	return h.add(stream, waiter{group: group})
+}
+
+func (h *wakeHub) add(stream string, w waiter) (<-chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
 	h.mu.Lock()
 	if h.waiters[stream] == nil {
-		h.waiters[stream] = map[chan struct{}]struct{}{}
+		h.waiters[stream] = map[chan struct{}]waiter{}
 	}
-	h.waiters[stream][ch] = struct{}{}
+	h.waiters[stream][ch] = w
 	h.mu.Unlock()
 	return ch, func() {
 		h.mu.Lock()
@@ -50,21 +66,36 @@ func (h *wakeHub) count(stream string) int {
 func (h *wakeHub) notify(stream string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	signal := func(set map[chan struct{}]struct{}) {
-		for ch := range set {
-			select {
-			case ch <- struct{}{}:
-			default:
-			}
-		}
-	}
 	if stream == "" {
 		for _, set := range h.waiters {
-			signal(set)
+			signal(set, nil)
 		}
 		return
 	}
-	signal(h.waiters[stream])
+	signal(h.waiters[stream], nil)
+}
+
+// notifyGroup signals the waiters of one consumer group of stream (and
+// those of any group): events that became claimable for that group only
+// (the next events of ordering keys whose heads it settled).
+func (h *wakeHub) notifyGroup(stream, group string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	signal(h.waiters[stream], &group)
+}
+
+// signal wakes the channels of set (when group is not nil, those of that
+// group or of any) without blocking: a channel already signalled stays so.
+func signal(set map[chan struct{}]waiter, group *string) {
+	for ch, w := range set {
+		if group != nil && !w.any && w.group != *group {
+			continue
+		}
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // notifyGate spaces out the NOTIFYs this process sends per stream.

@@ -26,3 +26,38 @@ func TestNotifyGateSpacesNotificationsAndForgetsUnsentOnes(t *testing.T) {
 		t.Fatal("a negative interval never notifies")
 	}
 }
+
+func TestWakeHubSignalsTheSettlingGroupOnly(t *testing.T) {
+	h := newWakeHub()
+	a, stopA := h.subscribeGroup("s", "a")
+	defer stopA()
+	b, stopB := h.subscribeGroup("s", "b")
+	defer stopB()
+	anyGroup, stopAny := h.subscribe("s")
+	defer stopAny()
+	other, stopOther := h.subscribeGroup("t", "a")
+	defer stopOther()
+	signalled := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	h.notifyGroup("s", "a")
+	if !signalled(a) || signalled(b) || !signalled(anyGroup) || signalled(other) {
+		t.Fatal("notifyGroup(s, a) must wake group a of s and the any-group waiter of s only")
+	}
+	h.notify("s")
+	if !signalled(a) || !signalled(b) || !signalled(anyGroup) || signalled(other) {
+		t.Fatal("notify(s) must wake every waiter of s")
+	}
+	h.notify("")
+	if !signalled(a) || !signalled(b) || !signalled(anyGroup) || !signalled(other) {
+		t.Fatal("notify of every stream must wake every waiter")
+	}
+	if h.count("s") != 3 {
+		t.Fatalf("count(s) = %d, want 3", h.count("s"))
+	}
+}

@@ -266,7 +266,10 @@ func TestWatermillRelay(t *testing.T) {
 	if err := store.RegisterGroup(ctx, "s", relay.DefaultGroup); err != nil {
 		t.Fatal(err)
 	}
-	pubsub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 1000, Persistent: true}, watermill.NopLogger{})
+	// Publish returns once the subscriber acked: without that gochannel
+	// hands each message over in a goroutine of its own, and two messages
+	// published in order may arrive in the other order.
+	pubsub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 1000, Persistent: true, BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{})
 	defer pubsub.Close()
 	out, err := pubsub.Subscribe(ctx, "topic.s")
 	if err != nil {
