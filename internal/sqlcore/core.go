@@ -245,7 +245,13 @@ func (c *Core) Enqueue(ctx context.Context, tx Executor, ev Event, notify bool) 
 // insertEvent (MySQL, SQLite) inserts the content of an event and returns
 // its id, or 0 when the stream already holds an event with its key.
 func (c *Core) insertEvent(ctx context.Context, tx Executor, vals map[string]any) (int64, error) {
-	q := c.stmts.insertEvent
+	return c.insertID(ctx, tx, c.stmts.insertEvent, vals)
+}
+
+// insertID runs an insert that does nothing on a conflict and returns the
+// new row's id, or 0 when nothing was inserted: the insert's RETURNING id
+// (PostgreSQL, SQLite) or MySQL's last insert id.
+func (c *Core) insertID(ctx context.Context, tx Executor, q query, vals map[string]any) (int64, error) {
 	if c.dialect == MySQL {
 		res, err := tx.ExecContext(ctx, q.text, q.args(vals)...)
 		if err != nil {
@@ -256,7 +262,7 @@ func (c *Core) insertEvent(ctx context.Context, tx Executor, vals map[string]any
 		}
 		id, ok := lastInsertID(res)
 		if !ok {
-			return 0, errors.New("event insert reported no id")
+			return 0, errors.New("insert reported no id")
 		}
 		return id, nil
 	}

@@ -153,27 +153,7 @@ func (c *Core) bumpKey(ctx context.Context, tx Executor, vals map[string]any) (s
 // insertOrdered inserts one group's row of an ordered event and returns its
 // id, or 0 when the row already existed.
 func (c *Core) insertOrdered(ctx context.Context, tx Executor, vals map[string]any) (int64, error) {
-	q := c.stmts.insertOrdered
-	if c.dialect == MySQL {
-		res, err := tx.ExecContext(ctx, q.text, q.args(vals)...)
-		if err != nil {
-			return 0, err
-		}
-		if n, _ := res.RowsAffected(); n != 1 {
-			return 0, nil
-		}
-		id, ok := lastInsertID(res)
-		if !ok {
-			return 0, errors.New("insert reported no id")
-		}
-		return id, nil
-	}
-	var id int64
-	err := c.queryRow(ctx, tx, q, vals, &id)
-	if errors.Is(err, errNoRow) {
-		return 0, nil
-	}
-	return id, err
+	return c.insertID(ctx, tx, c.stmts.insertOrdered, vals)
 }
 
 var errNoRow = errors.New("no row")
