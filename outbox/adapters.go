@@ -111,7 +111,8 @@ func newDatabase(b wsql.Beginner, transient func(error) bool, gate *writeGate) d
 // processes still meet the store in the busy handler.
 type writeGate struct{ turn chan struct{} }
 
-// gates holds the gate of each SQLite *sql.DB a store was made over.
+// gates holds the gate of each SQLite *sql.DB a store was made over; a
+// store that opened its database (sqlite.Open) drops the entry on Close.
 var gates sync.Map // *sql.DB -> *writeGate
 
 // gateFor returns the gate shared by every store over db.

@@ -5,10 +5,10 @@ import "github.com/ThreeDotsLabs/watermill"
 // RedactedField is what RedactingLogger logs in place of a message UUID.
 const RedactedField = "[redacted]"
 
-// redactedLogFields are the Watermill log fields that hold a message UUID:
-// the router's (handler errors, acks, nacks), its CQRS processors' and its
-// middleware's. A message of a Subscriber has the event key as its UUID.
-var redactedLogFields = []string{"message_uuid"}
+// uuidField is the Watermill log field that holds a message UUID, added by
+// the router (handler errors, acks, nacks) and its CQRS processors. A message
+// of a Subscriber has the event key as its UUID.
+const uuidField = "message_uuid"
 
 // RedactingLogger wraps a Watermill logger so that the message UUIDs
 // Watermill's router, CQRS processors and middleware add to their log lines
@@ -33,21 +33,14 @@ func RedactingLogger(l watermill.LoggerAdapter) watermill.LoggerAdapter {
 
 type redactingLogger struct{ next watermill.LoggerAdapter }
 
-// redact returns fields without message UUIDs, copying only when one is there.
+// redact returns fields without the message UUID, copying only when it is
+// there.
 func redact(fields watermill.LogFields) watermill.LogFields {
-	var out watermill.LogFields
-	for _, k := range redactedLogFields {
-		if _, ok := fields[k]; !ok {
-			continue
-		}
-		if out == nil {
-			out = fields.Copy()
-		}
-		out[k] = RedactedField
-	}
-	if out == nil {
+	if _, ok := fields[uuidField]; !ok {
 		return fields
 	}
+	out := fields.Copy()
+	out[uuidField] = RedactedField
 	return out
 }
 

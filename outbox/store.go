@@ -240,6 +240,9 @@ func (s *Store) Close() error {
 		_ = s.sqlDB.Close() // the handle over the pool; the pool stays open
 	}
 	if s.closer != nil {
+		if s.sqlDB != nil {
+			gates.Delete(s.sqlDB) // the database closes with the store: drop its write gate
+		}
 		return s.closer()
 	}
 	return nil
