@@ -305,18 +305,16 @@ FROM claimed c JOIN millpond_events e ON e.id = c.event_id WHERE c.status = 'pro
   ORDER BY o.id
   FOR UPDATE OF o
 ), ks AS MATERIALIZED (
-  SELECT stream, consumer_group, ordering_key, count(*) AS n FROM live WHERE ordering_key <> '' GROUP BY stream, consumer_group, ordering_key
-), snap AS MATERIALIZED (
-  SELECT m.stream, m.consumer_group, m.ordering_key, m.xmin::TEXT AS x FROM millpond_ordering m
-  JOIN ks ON m.stream = ks.stream AND m.consumer_group = ks.consumer_group AND m.ordering_key = ks.ordering_key
+  SELECT m.stream, m.consumer_group, m.ordering_key, l.n, m.xmin::TEXT AS x FROM millpond_ordering m
+  JOIN (SELECT stream, consumer_group, ordering_key, count(*) AS n FROM live WHERE ordering_key <> '' GROUP BY stream, consumer_group, ordering_key) l
+    ON m.stream = l.stream AND m.consumer_group = l.consumer_group AND m.ordering_key = l.ordering_key
 ), kl AS MATERIALIZED (
-  SELECT m.stream, m.consumer_group, m.ordering_key, ks.n, m.xmin::TEXT AS x FROM millpond_ordering m
+  SELECT m.stream, m.consumer_group, m.ordering_key, ks.n, m.xmin::TEXT = ks.x AS fresh FROM millpond_ordering m
   JOIN ks ON m.stream = ks.stream AND m.consumer_group = ks.consumer_group AND m.ordering_key = ks.ordering_key
   ORDER BY m.stream, m.consumer_group, m.ordering_key
   FOR UPDATE OF m
 ), stale AS MATERIALIZED (
-  SELECT kl.stream, kl.consumer_group, kl.ordering_key FROM kl
-  WHERE NOT EXISTS (SELECT 1 FROM snap WHERE snap.stream = kl.stream AND snap.consumer_group = kl.consumer_group AND snap.ordering_key = kl.ordering_key AND snap.x = kl.x)
+  SELECT stream, consumer_group, ordering_key FROM kl WHERE NOT fresh
 ), acked AS (
   UPDATE millpond_deliveries o SET status = 'delivered', settled = true, delivered_at = @now
   FROM live WHERE o.id = live.id
@@ -324,8 +322,7 @@ FROM claimed c JOIN millpond_events e ON e.id = c.event_id WHERE c.status = 'pro
   RETURNING o.id
 ), dec AS (
   UPDATE millpond_ordering m SET unsettled = m.unsettled - kl.n
-  FROM kl WHERE m.stream = kl.stream AND m.consumer_group = kl.consumer_group AND m.ordering_key = kl.ordering_key
-    AND NOT EXISTS (SELECT 1 FROM stale WHERE stale.stream = kl.stream AND stale.consumer_group = kl.consumer_group AND stale.ordering_key = kl.ordering_key)
+  FROM kl WHERE m.stream = kl.stream AND m.consumer_group = kl.consumer_group AND m.ordering_key = kl.ordering_key AND kl.fresh
   RETURNING m.stream, m.consumer_group, m.ordering_key, m.unsettled
 ), nxt AS MATERIALIZED (
   SELECT (` + nextBlockedPG + `) AS id FROM dec k WHERE k.unsettled > 0
