@@ -49,6 +49,11 @@ const (
 	relayForwardTopic = "bench_forwarder"
 )
 
+// relaySubjectPrefix is the first token of every subject the bench
+// publishes: one per process, so runs on a shared NATS server create
+// streams whose subjects do not overlap.
+var relaySubjectPrefix = fmt.Sprintf("benchrelay%d", os.Getpid())
+
 func relayPayload(i int) []byte {
 	return fmt.Appendf(nil, `{"order_id":%d,"customer":"c-%d","lines":[{"sku":"sku-1","qty":2,"price":1999},{"sku":"sku-2","qty":1,"price":4999}],"pad":"%s"}`,
 		i, i%977, strings.Repeat("x", 80))
@@ -121,7 +126,7 @@ func runRelayBench(ctx context.Context, db *database, cfg config, env string) er
 		for i, s := range systems {
 			name := fmt.Sprintf("BENCH_RELAY_%d", os.Getpid())
 			_ = admin.DeleteStream(ctx, name)
-			st, err := admin.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{"benchrelay.>"}, Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute})
+			st, err := admin.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{relaySubjectPrefix + ".>"}, Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute})
 			if err != nil {
 				return err
 			}
@@ -196,7 +201,7 @@ func relayMsg(i int) *nats.Msg {
 	h.Set(relay.HeaderStream, relayBenchTopic)
 	h.Set(relay.HeaderKind, "OrderPlaced")
 	h.Set(relay.HeaderKey, key)
-	return &nats.Msg{Subject: "benchrelay." + relayBenchTopic + ".OrderPlaced", Header: h, Data: relayPayload(i)}
+	return &nats.Msg{Subject: relaySubjectPrefix + "." + relayBenchTopic + ".OrderPlaced", Header: h, Data: relayPayload(i)}
 }
 
 func benchBare(ctx context.Context, js jetstream.JetStream, st jetstream.Stream, n int) (float64, error) {
@@ -287,7 +292,7 @@ func benchRelay(ctx context.Context, db *database, store *outbox.Store, nc *nats
 	}
 	r, err := relay.NewJetStream(ctx, store, nc, relay.JetStreamConfig{
 		Config:        relay.Config{Streams: []string{relayBenchTopic}, Window: window, PollInterval: 5 * time.Millisecond},
-		SubjectPrefix: "benchrelay",
+		SubjectPrefix: relaySubjectPrefix,
 	})
 	if err != nil {
 		return 0, err
@@ -332,7 +337,7 @@ func benchForwarder(ctx context.Context, db *database, natsURL string, st jetstr
 		fp := forwarder.NewPublisher(p, forwarder.PublisherConfig{ForwarderTopic: relayForwardTopic})
 		m := message.NewMessage(fmt.Sprintf("ev-%d", i), relayPayload(i))
 		m.Metadata.Set("event_kind", "OrderPlaced")
-		return fp.Publish("benchrelay."+relayBenchTopic+".OrderPlaced", m)
+		return fp.Publish(relaySubjectPrefix+"."+relayBenchTopic+".OrderPlaced", m)
 	})
 	if err != nil {
 		return 0, err
