@@ -464,8 +464,10 @@ func emptyClaimWait(prev, took, pollInterval time.Duration) time.Duration {
 // publisher. The first claimer (lead) polls: after a wake-up, an
 // acknowledgement of ordered events or a claim that found events it claims
 // again quickly (1 ms, doubling while claims come back empty, up to
-// PollInterval), so events of transactions that commit just after a wake-up
-// are found at once. The others claim only while claims come back full.
+// PollInterval, but at least three times what a slow empty claim took: see
+// emptyClaimWait), so events of transactions that commit just after a
+// wake-up are found at once. The others claim only while claims come back
+// full.
 func (p *pipeline) claimLoop(lead bool) {
 	var wake <-chan struct{}
 	if lead {
