@@ -45,6 +45,7 @@ type config struct {
 	relayRuns      int
 	relaySystems   string
 	relayWindows   string
+	relayPollClock bool
 	claimCost      bool
 	claimEvents    int
 	claimKeys      int
@@ -79,6 +80,8 @@ func main() {
 	flag.StringVar(&cfg.natsURL, "nats", "nats://127.0.0.1:4222", "NATS JetStream server for -relay")
 	flag.IntVar(&cfg.relayRuns, "relay-runs", 3, "interleaved runs per system in -relay mode")
 	flag.StringVar(&cfg.relaySystems, "relay-systems", "bare,relay,forwarder", "systems of -relay mode, comma-separated: bare, relay, forwarder")
+	flag.BoolVar(&cfg.relayPollClock, "relay-poll-clock", false,
+		"-relay mode: stop the relay's clock when polling the stream's info (every 2 ms, while it runs) finds every event, instead of at its last PubAck (the bare loop's criterion)")
 	flag.StringVar(&cfg.relayWindows, "relay-windows", "256,1000", "publish windows (most unconfirmed publishes) of -relay mode's bare loop and relay, comma-separated")
 	flag.BoolVar(&cfg.claimCost, "claim-cost", false,
 		"instead of the systems, time claims on streams holding backlogs blocked behind ordering keys")

@@ -33,7 +33,10 @@ import (
 //     and the stream holds them: the limit of the broker and the client;
 //   - millpond relay: relay.JetStream (the given window, default batch
 //     1000) over events already committed in millpond's outbox, from Run
-//     until the stream holds them;
+//     until its last PubAck (its Stats, read every 0.5 ms; then the stream
+//     must hold them), the bare loop's criterion; with -relay-poll-clock
+//     until polling the stream's info every 2 ms finds them, which costs
+//     the client and the server CPU while the relay runs;
 //   - Watermill forwarder: watermill-sql v4's publisher in the producer's
 //     transaction wrapped by components/forwarder (the envelope on one
 //     forwarder topic, default schema), the forwarder's router reading it
@@ -48,6 +51,11 @@ const (
 	relayBenchTopic   = "bench_relay"
 	relayForwardTopic = "bench_forwarder"
 )
+
+// relaySubjectPrefix is the first token of every subject the bench
+// publishes: one per process, so runs on a shared NATS server create
+// streams whose subjects do not overlap.
+var relaySubjectPrefix = fmt.Sprintf("benchrelay%d", os.Getpid())
 
 func relayPayload(i int) []byte {
 	return fmt.Appendf(nil, `{"order_id":%d,"customer":"c-%d","lines":[{"sku":"sku-1","qty":2,"price":1999},{"sku":"sku-2","qty":1,"price":4999}],"pad":"%s"}`,
@@ -91,7 +99,7 @@ func runRelayBench(ctx context.Context, db *database, cfg config, env string) er
 	}
 	type system struct {
 		name, kind string
-		run        func(context.Context, jetstream.Stream) (float64, error)
+		run        func(context.Context, jetstream.Stream) (float64, cpuTimes, error)
 	}
 	var systems []system
 	for _, w := range windows {
@@ -101,40 +109,43 @@ func runRelayBench(ctx context.Context, db *database, cfg config, env string) er
 			if err != nil {
 				return err
 			}
-			systems = append(systems, system{fmt.Sprintf("bare async JetStream publish loop (window %d)", w), "bare", func(ctx context.Context, st jetstream.Stream) (float64, error) {
-				return benchBare(ctx, js, st, cfg.events)
+			systems = append(systems, system{fmt.Sprintf("bare async JetStream publish loop (window %d)", w), "bare", func(ctx context.Context, st jetstream.Stream) (float64, cpuTimes, error) {
+				return benchBare(ctx, db, js, st, cfg.events)
 			}})
 		}
 		if want["relay"] && w <= outbox.MaxBatch { // the relay's window is at most outbox.MaxBatch
-			systems = append(systems, system{fmt.Sprintf("millpond relay (window %d, batch %d)", w, relay.DefaultBatchSize), "relay", func(ctx context.Context, st jetstream.Stream) (float64, error) {
-				return benchRelay(ctx, db, store, nc, st, cfg.events, w)
+			systems = append(systems, system{fmt.Sprintf("millpond relay (window %d, batch %d)", w, relay.DefaultBatchSize), "relay", func(ctx context.Context, st jetstream.Stream) (float64, cpuTimes, error) {
+				return benchRelay(ctx, db, store, nc, st, cfg.events, w, cfg.relayPollClock)
 			}})
 		}
 	}
 	if want["forwarder"] {
-		systems = append(systems, system{"Watermill forwarder", "forwarder", func(ctx context.Context, st jetstream.Stream) (float64, error) {
+		systems = append(systems, system{"Watermill forwarder", "forwarder", func(ctx context.Context, st jetstream.Stream) (float64, cpuTimes, error) {
 			return benchForwarder(ctx, db, cfg.natsURL, st, cfg.events)
 		}})
 	}
 	rates := make([][]float64, len(systems))
+	cpus := make([][]cpuTimes, len(systems))
 	for run := range cfg.relayRuns {
 		for i, s := range systems {
 			name := fmt.Sprintf("BENCH_RELAY_%d", os.Getpid())
 			_ = admin.DeleteStream(ctx, name)
-			st, err := admin.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{"benchrelay.>"}, Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute})
+			st, err := admin.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{relaySubjectPrefix + ".>"}, Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute})
 			if err != nil {
 				return err
 			}
 			if err := db.checkpoint(ctx); err != nil {
 				return err
 			}
-			rate, err := s.run(ctx, st)
+			rate, cpu, err := s.run(ctx, st)
 			_ = admin.DeleteStream(ctx, name)
 			if err != nil {
 				return fmt.Errorf("%s: %w", s.name, err)
 			}
-			logf("relay run %d: %s: %.0f ev/s", run+1, s.name, rate)
+			logf("relay run %d: %s: %.0f ev/s; CPU µs/event: client %s, database %s, NATS %s", run+1, s.name, rate,
+				perEvent(cpu.client, cfg.events), perEvent(cpu.db, cfg.events), perEvent(cpu.nats, cfg.events))
 			rates[i] = append(rates[i], rate)
+			cpus[i] = append(cpus[i], cpu)
 		}
 	}
 	med := make([]float64, len(systems))
@@ -154,10 +165,22 @@ func runRelayBench(ctx context.Context, db *database, cfg config, env string) er
 	fmt.Fprintf(&b, "%d unordered events of ~200 bytes, one file-backed stream per measurement (duplicate window 2 min); %d interleaved runs, median (range). ", cfg.events, cfg.relayRuns)
 	b.WriteString("Bare loop: `PublishMsgAsync` of the relay's messages (same subjects, headers, payloads) from memory, at most `window` unconfirmed (`WithPublishAsyncMaxPending`), then `PublishAsyncComplete`. " +
 		"Relay: `relay.JetStream` over the events already committed, from `Run` until the stream holds them all. Ratios are against the best bare loop and the forwarder.\n\n")
-	b.WriteString("| system | ev/s | vs best bare loop | vs Watermill forwarder |\n|---|---:|---:|---:|\n")
+	b.WriteString("CPU µs/event (medians): the bench process (client), the PostgreSQL processes of its database, the NATS server (which may serve others too), from the start of the clock until the system's work is done (the relay's: until Run returned, its last acknowledgements written).\n\n")
+	b.WriteString("| system | ev/s | vs best bare loop | vs Watermill forwarder | CPU µs/event client / database / NATS |\n|---|---:|---:|---:|---:|\n")
 	for i, s := range systems {
 		lo, hi := minMax(rates[i])
-		fmt.Fprintf(&b, "| %s | %.0f (%.0f–%.0f) | %s | %s |\n", s.name, med[i], lo, hi, ratio(med[i], best["bare"]), ratio(med[i], best["forwarder"]))
+		part := func(f func(cpuTimes) time.Duration) string {
+			var xs []float64
+			for _, c := range cpus[i] {
+				if f(c) < 0 {
+					return "–"
+				}
+				xs = append(xs, float64(f(c)))
+			}
+			return perEvent(time.Duration(median(xs)), cfg.events)
+		}
+		fmt.Fprintf(&b, "| %s | %.0f (%.0f–%.0f) | %s | %s | %s / %s / %s |\n", s.name, med[i], lo, hi, ratio(med[i], best["bare"]), ratio(med[i], best["forwarder"]),
+			part(func(c cpuTimes) time.Duration { return c.client }), part(func(c cpuTimes) time.Duration { return c.db }), part(func(c cpuTimes) time.Duration { return c.nats }))
 	}
 	verdict := func(ok bool) string {
 		if ok {
@@ -196,14 +219,23 @@ func relayMsg(i int) *nats.Msg {
 	h.Set(relay.HeaderStream, relayBenchTopic)
 	h.Set(relay.HeaderKind, "OrderPlaced")
 	h.Set(relay.HeaderKey, key)
-	return &nats.Msg{Subject: "benchrelay." + relayBenchTopic + ".OrderPlaced", Header: h, Data: relayPayload(i)}
+	return &nats.Msg{Subject: relaySubjectPrefix + "." + relayBenchTopic + ".OrderPlaced", Header: h, Data: relayPayload(i)}
 }
 
-func benchBare(ctx context.Context, js jetstream.JetStream, st jetstream.Stream, n int) (float64, error) {
+// perEvent formats a CPU time per event in µs ("–" when unknown).
+func perEvent(d time.Duration, n int) string {
+	if d < 0 || n == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.0f", float64(d.Microseconds())/float64(n))
+}
+
+func benchBare(ctx context.Context, db *database, js jetstream.JetStream, st jetstream.Stream, n int) (float64, cpuTimes, error) {
 	msgs := make([]*nats.Msg, n)
 	for i := range n {
 		msgs[i] = relayMsg(i)
 	}
+	cpu0 := sampleCPU(ctx, db)
 	start := time.Now()
 	for _, m := range msgs {
 		for {
@@ -214,7 +246,7 @@ func benchBare(ctx context.Context, js jetstream.JetStream, st jetstream.Stream,
 				continue
 			}
 			if err != nil {
-				return 0, err
+				return 0, cpuTimes{}, err
 			}
 			break
 		}
@@ -222,10 +254,11 @@ func benchBare(ctx context.Context, js jetstream.JetStream, st jetstream.Stream,
 	select {
 	case <-js.PublishAsyncComplete():
 	case <-time.After(5 * time.Minute):
-		return 0, fmt.Errorf("async publishes not complete")
+		return 0, cpuTimes{}, fmt.Errorf("async publishes not complete")
 	}
 	elapsed := time.Since(start)
-	return float64(n) / elapsed.Seconds(), waitStream(ctx, st, n, start)
+	cpu := sampleCPU(ctx, db).sub(cpu0)
+	return float64(n) / elapsed.Seconds(), cpu, waitStream(ctx, st, n, start)
 }
 
 // waitStream waits until the stream holds n messages.
@@ -245,6 +278,30 @@ func waitStream(ctx context.Context, st jetstream.Stream, n int, start time.Time
 			return fmt.Errorf("stream holds %d of %d messages after 5 minutes", info.State.Msgs, n)
 		}
 		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// waitConfirmed waits until the relay has had n PubAcks, as the bare loop's
+// PublishAsyncComplete does: the clock stops there, without asking the
+// server for the stream's state every few milliseconds while the relay
+// runs (which costs the client and the server CPU the bare loop does not
+// spend).
+func waitConfirmed(ctx context.Context, r *relay.JetStream, n int, start time.Time) error {
+	for {
+		s := r.Stats()
+		if s.Published+s.Duplicates >= int64(n) {
+			return nil
+		}
+		if s.Failed > 0 || s.DeadLettered > 0 {
+			return fmt.Errorf("relay: %d failed publishes, %d dead letters", s.Failed, s.DeadLettered)
+		}
+		if time.Since(start) > 5*time.Minute {
+			return fmt.Errorf("relay confirmed %d of %d events after 5 minutes", s.Published+s.Duplicates, n)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		time.Sleep(500 * time.Microsecond)
 	}
 }
 
@@ -268,50 +325,60 @@ func enqueueBatches(ctx context.Context, db *database, n int, add func(*benchTx,
 	return nil
 }
 
-func benchRelay(ctx context.Context, db *database, store *outbox.Store, nc *nats.Conn, st jetstream.Stream, n, window int) (float64, error) {
+func benchRelay(ctx context.Context, db *database, store *outbox.Store, nc *nats.Conn, st jetstream.Stream, n, window int, pollClock bool) (float64, cpuTimes, error) {
 	if err := db.truncate(ctx, "millpond_outbox", "millpond_ordering"); err != nil {
-		return 0, err
+		return 0, cpuTimes{}, err
 	}
 	if err := store.RegisterGroup(ctx, relayBenchTopic, relay.DefaultGroup); err != nil {
-		return 0, err
+		return 0, cpuTimes{}, err
 	}
 	err := enqueueBatches(ctx, db, n, func(tx *benchTx, i int) error {
 		_, err := store.Enqueue(ctx, tx.outbox(), outbox.Event{Stream: relayBenchTopic, Key: fmt.Sprintf("ev-%d", i), Kind: "OrderPlaced", Payload: relayPayload(i)})
 		return err
 	})
 	if err != nil {
-		return 0, err
+		return 0, cpuTimes{}, err
 	}
 	if err := db.checkpoint(ctx); err != nil {
-		return 0, err
+		return 0, cpuTimes{}, err
 	}
 	r, err := relay.NewJetStream(ctx, store, nc, relay.JetStreamConfig{
 		Config:        relay.Config{Streams: []string{relayBenchTopic}, Window: window, PollInterval: 5 * time.Millisecond},
-		SubjectPrefix: "benchrelay",
+		SubjectPrefix: relaySubjectPrefix,
 	})
 	if err != nil {
-		return 0, err
+		return 0, cpuTimes{}, err
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
+	cpu0 := sampleCPU(ctx, db)
 	start := time.Now()
 	go func() { done <- r.Run(runCtx) }()
-	err = waitStream(ctx, st, n, start)
-	elapsed := time.Since(start)
+	var elapsed time.Duration
+	if pollClock {
+		err = waitStream(ctx, st, n, start)
+		elapsed = time.Since(start)
+	} else {
+		err = waitConfirmed(ctx, r, n, start)
+		elapsed = time.Since(start)
+		if err == nil {
+			err = waitStream(ctx, st, n, start)
+		}
+	}
 	stop()
 	if rerr := <-done; err == nil {
 		err = rerr
 	}
-	return float64(n) / elapsed.Seconds(), err
+	return float64(n) / elapsed.Seconds(), sampleCPU(ctx, db).sub(cpu0), err
 }
 
-func benchForwarder(ctx context.Context, db *database, natsURL string, st jetstream.Stream, n int) (float64, error) {
+func benchForwarder(ctx context.Context, db *database, natsURL string, st jetstream.Stream, n int) (float64, cpuTimes, error) {
 	logger := watermill.NopLogger{}
 	schema := wsql.DefaultPostgreSQLSchema{}
 	offsets := wsql.DefaultPostgreSQLOffsetsAdapter{}
 	for _, t := range []string{"watermill_" + relayForwardTopic, "watermill_offsets_" + relayForwardTopic} {
 		if err := db.exec(ctx, `DROP TABLE IF EXISTS "`+t+`"`); err != nil {
-			return 0, err
+			return 0, cpuTimes{}, err
 		}
 	}
 	sub, err := wsql.NewSubscriber(wsql.BeginnerFromPgx(db.pool), wsql.SubscriberConfig{
@@ -319,10 +386,10 @@ func benchForwarder(ctx context.Context, db *database, natsURL string, st jetstr
 		InitializeSchema: true,
 	}, logger)
 	if err != nil {
-		return 0, err
+		return 0, cpuTimes{}, err
 	}
 	if err := sub.SubscribeInitialize(relayForwardTopic); err != nil {
-		return 0, err
+		return 0, cpuTimes{}, err
 	}
 	err = enqueueBatches(ctx, db, n, func(tx *benchTx, i int) error {
 		p, err := wsql.NewPublisher(wsql.TxFromPgx(tx.pgx), wsql.PublisherConfig{SchemaAdapter: schema}, logger)
@@ -332,13 +399,13 @@ func benchForwarder(ctx context.Context, db *database, natsURL string, st jetstr
 		fp := forwarder.NewPublisher(p, forwarder.PublisherConfig{ForwarderTopic: relayForwardTopic})
 		m := message.NewMessage(fmt.Sprintf("ev-%d", i), relayPayload(i))
 		m.Metadata.Set("event_kind", "OrderPlaced")
-		return fp.Publish("benchrelay."+relayBenchTopic+".OrderPlaced", m)
+		return fp.Publish(relaySubjectPrefix+"."+relayBenchTopic+".OrderPlaced", m)
 	})
 	if err != nil {
-		return 0, err
+		return 0, cpuTimes{}, err
 	}
 	if err := db.checkpoint(ctx); err != nil {
-		return 0, err
+		return 0, cpuTimes{}, err
 	}
 	pub, err := wnats.NewPublisher(wnats.PublisherConfig{
 		URL:               natsURL,
@@ -346,13 +413,14 @@ func benchForwarder(ctx context.Context, db *database, natsURL string, st jetstr
 		JetStream:         wnats.JetStreamConfig{TrackMsgId: true},
 	}, logger)
 	if err != nil {
-		return 0, err
+		return 0, cpuTimes{}, err
 	}
 	defer pub.Close()
 	fwd, err := forwarder.NewForwarder(sub, pub, logger, forwarder.Config{ForwarderTopic: relayForwardTopic})
 	if err != nil {
-		return 0, err
+		return 0, cpuTimes{}, err
 	}
+	cpu0 := sampleCPU(ctx, db)
 	start := time.Now()
 	done := make(chan error, 1)
 	go func() { done <- fwd.Run(ctx) }()
@@ -360,5 +428,5 @@ func benchForwarder(ctx context.Context, db *database, natsURL string, st jetstr
 	elapsed := time.Since(start)
 	_ = fwd.Close()
 	<-done
-	return float64(n) / elapsed.Seconds(), err
+	return float64(n) / elapsed.Seconds(), sampleCPU(ctx, db).sub(cpu0), err
 }

@@ -441,12 +441,33 @@ func (p *pipeline) confirmLoop() {
 // the database's work (and its commit's flush) of one with the other's.
 const claimers = 2
 
+// maxEmptyClaimWait bounds the lead claimer's wait after an empty claim
+// that took long (see emptyClaimWait).
+const maxEmptyClaimWait = time.Second
+
+// emptyClaimWait is the lead claimer's wait after a claim that found
+// nothing, given its previous wait and how long the claim took: doubling
+// from 1 ms up to pollInterval, and at least three times the claim's
+// duration (up to maxEmptyClaimWait). An empty claim still reads every row
+// the relay holds (claimed, unsettled) on its way to the due ones, so while
+// the relay holds many it is slow, and polling again at once would keep the
+// database busy with those rows, competing with the acknowledgements that
+// settle them: empty claims take at most about a quarter of the lead's
+// time. Wake-ups (notifications, acknowledged ordered events) still end
+// the wait early.
+func emptyClaimWait(prev, took, pollInterval time.Duration) time.Duration {
+	const quick = time.Millisecond
+	return max(min(max(2*prev, quick), pollInterval), min(3*took, maxEmptyClaimWait))
+}
+
 // claimLoop claims batches of up to BatchSize events and hands them to the
 // publisher. The first claimer (lead) polls: after a wake-up, an
 // acknowledgement of ordered events or a claim that found events it claims
 // again quickly (1 ms, doubling while claims come back empty, up to
-// PollInterval), so events of transactions that commit just after a wake-up
-// are found at once. The others claim only while claims come back full.
+// PollInterval, but at least three times what a slow empty claim took: see
+// emptyClaimWait), so events of transactions that commit just after a
+// wake-up are found at once. The others claim only while claims come back
+// full.
 func (p *pipeline) claimLoop(lead bool) {
 	var wake <-chan struct{}
 	if lead {
@@ -470,10 +491,12 @@ func (p *pipeline) claimLoop(lead bool) {
 			}
 		}
 		ctx, cancel := p.opCtx()
+		began := time.Now()
 		claimed, err := p.r.store.Claim(ctx, outbox.ClaimRequest{
 			Stream: p.stream, Group: p.r.cfg.Group, Worker: p.r.cfg.Worker, Limit: p.r.cfg.BatchSize, Lease: p.r.cfg.Lease,
 			MaxAttempts: p.r.cfg.MaxAttempts, DeadLetterPolicy: p.r.cfg.DeadLetterPolicy,
 		})
+		took := time.Since(began)
 		cancel()
 		if err != nil {
 			if !lead {
@@ -527,7 +550,7 @@ func (p *pipeline) claimLoop(lead bool) {
 		case len(claimed) > 0:
 			wait = quick
 		default:
-			wait = min(max(2*wait, quick), p.r.cfg.PollInterval)
+			wait = emptyClaimWait(wait, took, p.r.cfg.PollInterval)
 		}
 		if wait == 0 {
 			select {

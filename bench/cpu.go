@@ -1,0 +1,99 @@
+package main
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// cpuTimes is CPU time consumed so far by the bench process, by the
+// database's server processes serving the bench's database (PostgreSQL on
+// this machine), and by the NATS server (on this machine; it may serve
+// others too). A part that cannot be read is negative.
+type cpuTimes struct {
+	client, db, nats time.Duration
+}
+
+// sampleCPU reads cpuTimes. The server processes are read from /proc
+// (Linux, same machine), at the kernel's tick resolution (usually 10 ms).
+func sampleCPU(ctx context.Context, db *database) cpuTimes {
+	var t cpuTimes
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
+		t.client = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	} else {
+		t.client = -1
+	}
+	t.db = -1
+	if db.pool != nil {
+		rows, err := db.pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database()`)
+		if err == nil {
+			var sum time.Duration
+			for rows.Next() {
+				var pid int
+				if rows.Scan(&pid) == nil {
+					d, ok := procCPU(strconv.Itoa(pid))
+					if !ok {
+						sum = -1
+						break
+					}
+					sum += d
+				}
+			}
+			rows.Close()
+			if rows.Err() == nil {
+				t.db = sum
+			}
+		}
+	}
+	t.nats = -1
+	if entries, err := os.ReadDir("/proc"); err == nil {
+		for _, e := range entries {
+			comm, err := os.ReadFile("/proc/" + e.Name() + "/comm")
+			if err == nil && strings.TrimSpace(string(comm)) == "nats-server" {
+				if d, ok := procCPU(e.Name()); ok {
+					t.nats = max(t.nats, 0) + d
+				}
+			}
+		}
+	}
+	return t
+}
+
+// procCPU is the user and system CPU time of a process, from /proc.
+func procCPU(pid string) (time.Duration, bool) {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return 0, false
+	}
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	const ticks = 100 // USER_HZ on Linux
+	return time.Duration(u+st) * time.Second / ticks, true
+}
+
+// sub is the CPU time spent between two samples (negative when unknown).
+func (t cpuTimes) sub(from cpuTimes) cpuTimes {
+	d := func(a, b time.Duration) time.Duration {
+		if a < 0 || b < 0 {
+			return -1
+		}
+		return a - b
+	}
+	return cpuTimes{client: d(t.client, from.client), db: d(t.db, from.db), nats: d(t.nats, from.nats)}
+}
