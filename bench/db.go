@@ -30,6 +30,11 @@ type database struct {
 	dialect string
 	pool    *pgxpool.Pool // PostgreSQL
 	db      *sql.DB       // MySQL, SQLite
+	// rawInsert is the raw INSERT baseline's statement, prepared once on
+	// SQLite (modernc.org/sqlite parses a statement run by text every
+	// time; millpond prepares its enqueue's statements there too). pgx
+	// prepares and caches statements itself; MySQL runs it by text.
+	rawInsert *sql.Stmt
 }
 
 // dialectOf tells the dialect of a database address.
@@ -95,6 +100,9 @@ func openDatabase(ctx context.Context, address string, conns int) (*database, er
 }
 
 func (d *database) close() {
+	if d.rawInsert != nil {
+		d.rawInsert.Close()
+	}
 	if d.pool != nil {
 		d.pool.Close()
 	}
@@ -158,10 +166,15 @@ func (d *database) createBaseTables(ctx context.Context) error {
 			`CREATE TABLE bench_orders (id BIGINT AUTO_INCREMENT PRIMARY KEY, payload TEXT NOT NULL) ENGINE=InnoDB`,
 			`CREATE TABLE bench_plain_events (id BIGINT AUTO_INCREMENT PRIMARY KEY, payload BLOB NOT NULL) ENGINE=InnoDB`)
 	default:
-		return d.execAll(ctx,
+		err := d.execAll(ctx,
 			`DROP TABLE IF EXISTS bench_orders`, `DROP TABLE IF EXISTS bench_plain_events`,
 			`CREATE TABLE bench_orders (id INTEGER PRIMARY KEY, payload TEXT NOT NULL)`,
 			`CREATE TABLE bench_plain_events (id INTEGER PRIMARY KEY, payload BLOB NOT NULL)`)
+		if err != nil || d.rawInsert != nil {
+			return err
+		}
+		d.rawInsert, err = d.db.PrepareContext(ctx, rawInsertSQL)
+		return err
 	}
 }
 

@@ -50,8 +50,15 @@ type enqueueFunc func(ctx context.Context, tx *benchTx, payload []byte) error
 // rawInsertEnqueue is the baseline: the event is a plain INSERT into a plain
 // table, the least any transactional outbox can cost.
 func rawInsertEnqueue(ctx context.Context, tx *benchTx, payload []byte) error {
+	if tx.d.rawInsert != nil {
+		_, err := tx.sql.StmtContext(ctx, tx.d.rawInsert).ExecContext(ctx, payload)
+		return err
+	}
 	return tx.exec(ctx, `INSERT INTO bench_plain_events (payload) VALUES (`+tx.d.ph(1)+`)`, payload)
 }
+
+// rawInsertSQL is the raw INSERT baseline's statement on SQLite.
+const rawInsertSQL = `INSERT INTO bench_plain_events (payload) VALUES (?)`
 
 // produceOne runs one producer transaction: a domain row and an event,
 // committed together.

@@ -32,6 +32,7 @@ type Store struct {
 	closer func() error
 	wake   *wakeHub
 	gate   *notifyGate
+	stmts  *stmtCache // SQLite: the enqueue's statements, prepared once (nil elsewhere)
 
 	mu       sync.Mutex
 	closed   bool
@@ -181,6 +182,9 @@ func NewStore(b Backend, opts ...Option) (*Store, error) {
 		return nil, err
 	}
 	s.pool, s.sqlDB, s.closer = b.Pool, b.DB, b.Close
+	if d == sqlcore.SQLite {
+		s.stmts = newStmtCache(b.DB, s.core.EnqueueStatements())
+	}
 	if d == sqlcore.Postgres && o.listen {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.stop = cancel
@@ -232,6 +236,7 @@ func (s *Store) Close() error {
 	}
 	s.closed = true
 	s.tel.close()
+	s.stmts.close()
 	if s.stop != nil {
 		s.stop()
 		s.listener.Wait()
@@ -308,7 +313,7 @@ func (s *Store) enqueue(ctx context.Context, ex sqlcore.Executor, ev Event) (Enq
 	ctx, span, md := s.tel.startSend(ctx, ev)
 	ev.Metadata = md
 	notify := s.gate.due(ev.Stream)
-	out, err := s.core.Enqueue(ctx, ex, sqlcore.Event(ev), notify)
+	out, err := s.core.Enqueue(ctx, withPrepared(ex, s.stmts), sqlcore.Event(ev), notify)
 	res := Enqueued(out)
 	endSend(span, err)
 	if err == nil && res.Inserted {

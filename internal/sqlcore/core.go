@@ -63,6 +63,22 @@ func New(d Dialect, db DB, opts ...Option) (*Core, error) {
 // Dialect returns the core's dialect.
 func (c *Core) Dialect() Dialect { return c.dialect }
 
+// EnqueueStatements returns the texts of the fixed statements that Enqueue
+// runs in the caller's transaction, those worth preparing once and reusing
+// (the statements of a known key, and of ordering keys, included). Texts
+// that Enqueue builds at run time are not among them.
+func (c *Core) EnqueueStatements() []string {
+	var out []string
+	for _, q := range []query{c.stmts.insertEvent, c.stmts.enqueue, c.stmts.enqueueNotify, c.stmts.existing, c.stmts.existingLocked,
+		c.stmts.enqueueOrdered, c.stmts.enqueueOrderedNotify, c.stmts.orderedGroups, c.stmts.bumpKey, c.stmts.keyState,
+		c.stmts.insertOrdered, c.stmts.unbumpKey} {
+		if q.text != "" {
+			out = append(out, q.text)
+		}
+	}
+	return out
+}
+
 // nowArg is the @now argument: the injected clock, or nil for the database clock.
 func (c *Core) nowArg() any {
 	if c.clock == nil {
