@@ -11,7 +11,7 @@ import (
 
 // cpuSample is CPU time spent so far by this process and by the server
 // backends connected to the bench database (PostgreSQL on this machine,
-// read from /proc). Backends that exit between two samples are lost; the
+// read from /proc; autovacuum is left out). Backends that exit between two samples are lost; the
 // delivery phase keeps its connections, so little is.
 type cpuSample struct {
 	self     time.Duration
@@ -30,7 +30,7 @@ func sampleCPU(ctx context.Context, db *database) cpuSample {
 	if db.pool == nil {
 		return s
 	}
-	rows, err := db.pool.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+	rows, err := db.pool.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()")
 	if err != nil {
 		return s
 	}
