@@ -387,7 +387,7 @@ func (sub *subscription) claimLoop() {
 	// The most the next claim takes (besides the room in the queue): it
 	// starts small and doubles after each full claim, so that the first
 	// messages of a backlog go out while the rest is being claimed rather
-	// than after one claim of a whole batch.
+	// than after one claim of a whole batch; an empty claim resets it.
 	ramp := firstClaim(sub.cfg)
 	// After a failed claim: the first retry comes quickly (after a database
 	// restart every pooled connection fails once), later ones back off, with
@@ -442,9 +442,13 @@ func (sub *subscription) claimLoop() {
 			continue
 		}
 		failed.Reset()
-		if len(claimed) == limit {
+		switch len(claimed) {
+		case limit:
 			ramp = min(2*ramp, cap(sub.queue))
-		} else {
+		case 0:
+			// Caught up: the next backlog starts small again. (A short
+			// claim keeps the ramp: with ordering keys, claims often take
+			// fewer events than they may.)
 			ramp = firstClaim(sub.cfg)
 		}
 		sub.tel.claimed(sub.ctx, claimed)
