@@ -11,7 +11,7 @@ import (
 
 // cpuTimes is CPU time consumed so far by the bench process, by the
 // database's server processes serving the bench's database (PostgreSQL on
-// this machine), and by the NATS server (on this machine; it may serve
+// this machine; autovacuum and the sampling connection are left out), and by the NATS server (on this machine; it may serve
 // others too). A part that cannot be read is negative.
 type cpuTimes struct {
 	client, db, nats time.Duration
@@ -29,7 +29,7 @@ func sampleCPU(ctx context.Context, db *database) cpuTimes {
 	}
 	t.db = -1
 	if db.pool != nil {
-		rows, err := db.pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database()`)
+		rows, err := db.pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()`)
 		if err == nil {
 			var sum time.Duration
 			for rows.Next() {
@@ -96,4 +96,11 @@ func (t cpuTimes) sub(from cpuTimes) cpuTimes {
 		return a - b
 	}
 	return cpuTimes{client: d(t.client, from.client), db: d(t.db, from.db), nats: d(t.nats, from.nats)}
+}
+
+// cpuSince returns the CPU time this process and the database's backends
+// spent between two samples (negative when unknown).
+func cpuSince(a, b cpuTimes) (self, dbCPU time.Duration) {
+	d := b.sub(a)
+	return d.client, d.db
 }

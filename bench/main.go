@@ -281,6 +281,7 @@ type result struct {
 	deliverRate    float64
 	deliverDone    bool
 	firstHandled   time.Duration // from calling Start to the first event handled
+	goCPU, dbCPU   time.Duration // CPU of the bench process and of the database's backends in the delivery phase
 	delivered      int64         // distinct events handled in the delivery phase
 	latencyEvents  int
 	latencies      []time.Duration
@@ -358,6 +359,7 @@ func runSystem(ctx context.Context, db *database, cfg config, info systemInfo) (
 	// handled once.
 	runCtx, cancelRun := context.WithCancel(ctx)
 	defer cancelRun()
+	cpuBefore := sampleCPU(ctx, db)
 	start := t.now()
 	if err := sys.Start(runCtx, t); err != nil {
 		res.err = fmt.Errorf("start: %w", err)
@@ -378,9 +380,12 @@ func runSystem(ctx context.Context, db *database, cfg config, info systemInfo) (
 		res.err = fmt.Errorf("delivery phase: only %d of %d events handled within %s", res.delivered, n, cfg.phaseTimeout)
 		return res
 	}
+	res.goCPU, res.dbCPU = cpuSince(cpuBefore, sampleCPU(ctx, db))
 	res.deliverRate = float64(n) / (t.lastFirstSeen(1, n) - time.Duration(start)).Seconds()
 	res.firstHandled = t.firstFirstSeen(1, n) - time.Duration(start)
-	logf("%s: deliver %.0f ev/s (first event handled %s after Start was called)", info.name, res.deliverRate, res.firstHandled.Round(time.Millisecond))
+	logf("%s: deliver %.0f ev/s (first event handled %s after Start was called); CPU per event: bench process %.1f µs, database %.1f µs",
+		info.name, res.deliverRate, res.firstHandled.Round(time.Millisecond),
+		float64(res.goCPU.Microseconds())/float64(n), float64(res.dbCPU.Microseconds())/float64(n))
 
 	// 3. Latency phase: consumers keep running; producers offer a fixed
 	// rate and each event's commit-to-handle time is recorded.

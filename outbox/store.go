@@ -325,7 +325,7 @@ func (s *Store) enqueue(ctx context.Context, ex sqlcore.Executor, ev Event) (Enq
 	if err != nil || !res.Inserted {
 		return res, err
 	}
-	s.wake.notify(ev.Stream)
+	s.wake.notifySoon(ev.Stream)
 	return res, nil
 }
 

@@ -372,16 +372,23 @@ func (sub *subscription) run() {
 	close(sub.out)
 }
 
-// claimLoop claims as many events as the queue has room for. After a
-// wake-up or a claim that found events it polls again quickly (1 ms,
-// doubling while claims come back empty, up to PollInterval), so events of
-// transactions that commit just after a wake-up are found at once.
+// claimLoop claims as many events as the queue has room for. A wake-up
+// for events that are claimable now (a NOTIFY, an ordered ack committed)
+// claims at once. After an enqueue of this process (whose transaction has
+// not committed yet) or a claim that found events it polls again quickly
+// (1 ms, doubling while claims come back empty, up to PollInterval), so
+// events of transactions that commit just after are found soon.
 func (sub *subscription) claimLoop() {
-	wake, unsubscribe := sub.store.wake.subscribeGroup(sub.topic, sub.cfg.ConsumerGroup)
+	wake, soon, unsubscribe := sub.store.wake.subscribeGroup(sub.topic, sub.cfg.ConsumerGroup)
 	defer unsubscribe()
 	idle := time.NewTimer(0)
 	defer idle.Stop()
 	var wait time.Duration
+	// The most the next claim takes (besides the room in the queue): it
+	// starts small and doubles after each full claim, so that the first
+	// messages of a backlog go out while the rest is being claimed rather
+	// than after one claim of a whole batch; an empty claim resets it.
+	ramp := firstClaim(sub.cfg)
 	// After a failed claim: the first retry comes quickly (after a database
 	// restart every pooled connection fails once), later ones back off, with
 	// jitter so that the subscriptions of a process do not retry in step.
@@ -409,10 +416,15 @@ func (sub *subscription) claimLoop() {
 		case <-wake:
 		default:
 		}
+		select {
+		case <-soon:
+		default:
+		}
+		limit := min(room, ramp)
 		ctx, cancel := sub.opCtx()
 		claimed, err := sub.store.Claim(ctx, ClaimRequest{
 			Stream: sub.topic, Group: sub.cfg.ConsumerGroup, Worker: sub.cfg.Worker,
-			Limit: room, Lease: sub.cfg.Lease, MaxAttempts: sub.cfg.MaxAttempts,
+			Limit: limit, Lease: sub.cfg.Lease, MaxAttempts: sub.cfg.MaxAttempts,
 			DeadLetterPolicy: sub.cfg.DeadLetterPolicy,
 		})
 		cancel()
@@ -430,6 +442,15 @@ func (sub *subscription) claimLoop() {
 			continue
 		}
 		failed.Reset()
+		switch len(claimed) {
+		case limit:
+			ramp = min(2*ramp, cap(sub.queue))
+		case 0:
+			// Caught up: the next backlog starts small again. (A short
+			// claim keeps the ramp: with ordering keys, claims often take
+			// fewer events than they may.)
+			ramp = firstClaim(sub.cfg)
+		}
 		sub.tel.claimed(sub.ctx, claimed)
 		sub.mu.Lock()
 		for _, c := range claimed {
@@ -447,7 +468,7 @@ func (sub *subscription) claimLoop() {
 		// process, so many subscribers do not multiply the load.
 		quick := min(time.Duration(max(sub.store.wake.count(sub.topic), 1))*time.Millisecond, sub.cfg.PollInterval)
 		switch {
-		case len(claimed) == room:
+		case len(claimed) == limit:
 			wait = 0 // more may be due right now
 		case sub.orderedAcks.Load() > 0:
 			// Acks of ordered events are being written: each makes
@@ -476,6 +497,10 @@ func (sub *subscription) claimLoop() {
 			case <-sub.stop:
 				return
 			case <-wake:
+				// Claimable now: claim at once.
+				wait = 0
+				break waiting
+			case <-soon:
 				// Poll at once, unless a quick poll is due anyway.
 				if wait > quick {
 					wait = 0
@@ -486,6 +511,12 @@ func (sub *subscription) claimLoop() {
 			}
 		}
 	}
+}
+
+// firstClaim is the most the first claim of a backlog takes: enough to
+// keep every dispatcher busy for a while.
+func firstClaim(c *SubscriberConfig) int {
+	return min(max(4*c.MaxInFlight, 32), c.BatchSize)
 }
 
 // dispatchLoop hands queued events out one at a time and settles each.

@@ -15,9 +15,12 @@ type wakeHub struct {
 }
 
 // waiter is whom a wake-up channel serves: one consumer group, or any.
+// soon, when set, takes the hints of this process's enqueues (notifySoon)
+// instead of the channel itself.
 type waiter struct {
 	group string
 	any   bool
+	soon  chan struct{}
 }
 
 func newWakeHub() *wakeHub {
@@ -31,9 +34,14 @@ func (h *wakeHub) subscribe(stream string) (<-chan struct{}, func()) {
 }
 
 // subscribeGroup is subscribe for one consumer group: it is not signalled
-// when only another group's events became claimable (notifyGroup).
-func (h *wakeHub) subscribeGroup(stream, group string) (<-chan struct{}, func()) {
-	return h.add(stream, waiter{group: group})
+// when only another group's events became claimable (notifyGroup). The
+// enqueues of this process, whose transactions have not committed yet when
+// they signal (notifySoon), signal the second channel, soon, instead: the
+// first channel tells of events that are claimable now.
+func (h *wakeHub) subscribeGroup(stream, group string) (wake, soon <-chan struct{}, stop func()) {
+	ch := make(chan struct{}, 1)
+	wake, stop = h.add(stream, waiter{group: group, soon: ch})
+	return wake, ch, stop
 }
 
 func (h *wakeHub) add(stream string, w waiter) (<-chan struct{}, func()) {
@@ -73,6 +81,23 @@ func (h *wakeHub) notify(stream string) {
 		return
 	}
 	signal(h.waiters[stream], nil)
+}
+
+// notifySoon signals the waiters of stream that its events may become
+// claimable soon: an enqueue of this process whose transaction has not
+// committed yet.
+func (h *wakeHub) notifySoon(stream string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for ch, w := range h.waiters[stream] {
+		if w.soon != nil {
+			ch = w.soon
+		}
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // notifyGroup signals the waiters of one consumer group of stream (and

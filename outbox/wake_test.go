@@ -29,13 +29,13 @@ func TestNotifyGateSpacesNotificationsAndForgetsUnsentOnes(t *testing.T) {
 
 func TestWakeHubSignalsTheSettlingGroupOnly(t *testing.T) {
 	h := newWakeHub()
-	a, stopA := h.subscribeGroup("s", "a")
+	a, aSoon, stopA := h.subscribeGroup("s", "a")
 	defer stopA()
-	b, stopB := h.subscribeGroup("s", "b")
+	b, _, stopB := h.subscribeGroup("s", "b")
 	defer stopB()
 	anyGroup, stopAny := h.subscribe("s")
 	defer stopAny()
-	other, stopOther := h.subscribeGroup("t", "a")
+	other, _, stopOther := h.subscribeGroup("t", "a")
 	defer stopOther()
 	signalled := func(ch <-chan struct{}) bool {
 		select {
@@ -56,6 +56,12 @@ func TestWakeHubSignalsTheSettlingGroupOnly(t *testing.T) {
 	h.notify("")
 	if !signalled(a) || !signalled(b) || !signalled(anyGroup) || !signalled(other) {
 		t.Fatal("notify of every stream must wake every waiter")
+	}
+	// An enqueue not committed yet signals a group's second channel, and
+	// the any-group waiter's only channel.
+	h.notifySoon("s")
+	if !signalled(aSoon) || signalled(a) || signalled(b) || !signalled(anyGroup) || signalled(other) {
+		t.Fatal("notifySoon(s) must signal the soon channels of the groups of s and the any-group waiter of s only")
 	}
 	if h.count("s") != 3 {
 		t.Fatalf("count(s) = %d, want 3", h.count("s"))

@@ -614,3 +614,64 @@ func TestTelemetryProducerHelper(t *testing.T) {
 	}
 	fmt.Println("TRACE " + span.SpanContext().TraceID().String())
 }
+
+// A Subscriber over a backlog claims a few events first and doubles its
+// claims while they come back full, so the first messages go out before a
+// whole batch is claimed: with MaxInFlight 1 the first claim takes 32
+// events, then 64 and 128 (a backlog of 224 events), never the BatchSize.
+func TestSubscriberRampsUpClaimsOverABacklog(t *testing.T) {
+	for _, dialect := range testdb.Dialects {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			db := testdb.New(t, dialect)
+			rig := newTelemetryRig(t)
+			store := db.Store(t, rig.options()...)
+			ctx := context.Background()
+			const backlog = 32 + 64 + 128
+			tx, commit, _ := db.Begin(t)
+			for i := range backlog {
+				if _, err := store.Enqueue(ctx, tx, outbox.Event{Stream: "ramp", Key: fmt.Sprint("k", i), Kind: "K", Payload: []byte("{}")}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := commit(); err != nil {
+				t.Fatal(err)
+			}
+			sub, err := outbox.NewSubscriber(store, outbox.SubscriberConfig{BatchSize: 1000, PollInterval: 10 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			msgs, err := sub.Subscribe(ctx, "ramp")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range backlog {
+				select {
+				case m := <-msgs:
+					m.Ack()
+				case <-time.After(20 * time.Second):
+					t.Fatal("no message")
+				}
+			}
+			_ = sub.Close()
+			var claims []metricdata.HistogramDataPoint[int64]
+			rm := rig.collect(t)
+			for _, sm := range rm.ScopeMetrics {
+				for _, m := range sm.Metrics {
+					if h, ok := m.Data.(metricdata.Histogram[int64]); ok && m.Name == "millpond.claim.batch_size" {
+						claims = append(claims, h.DataPoints...)
+					}
+				}
+			}
+			if len(claims) != 1 {
+				t.Fatalf("%d batch size points, want 1", len(claims))
+			}
+			p := claims[0]
+			lo, _ := p.Min.Value()
+			hi, _ := p.Max.Value()
+			if p.Count != 3 || p.Sum != backlog || lo != 32 || hi != 128 {
+				t.Errorf("claims: %d of sizes %d-%d (sum %d), want 3 of 32-128 (32, 64, 128)", p.Count, lo, hi, p.Sum)
+			}
+		})
+	}
+}

@@ -264,7 +264,11 @@ RETURNING id`
 n AS (SELECT pg_notify('`+NotifyChannel+`', @stream::TEXT))`, ", n"))
 		dead := deadAt("o.", "@hold::BOOLEAN")
 		// id + 0 is the due index's last column (see migration 0004): the
-		// planner cannot take the primary key's order instead.
+		// planner cannot take the primary key's order instead. The UPDATE
+		// finds the locked rows through the primary key (= ANY of an
+		// array): joined with the CTE instead, it was planned (custom and
+		// generic plans alike) as a hash join over a sequential scan of the
+		// whole table, on every claim, however few rows it took.
 		s.claim = c(`WITH due AS (
   SELECT id, status FROM millpond_deliveries
   WHERE stream = @stream AND consumer_group = @group AND NOT settled AND available_at <= @now
@@ -279,12 +283,12 @@ n AS (SELECT pg_notify('`+NotifyChannel+`', @stream::TEXT))`, ", n"))
     claim_key = CASE WHEN ` + dead + ` THEN '' ELSE replace(gen_random_uuid()::TEXT, '-', '') END,
     last_error = CASE WHEN ` + dead + ` AND o.status = 'processing' THEN '` + lastErrorLeaseExpired + `' ELSE o.last_error END,
     available_at = @now + @lease::BIGINT
-  FROM due WHERE o.id = due.id
-  RETURNING o.id, o.event_id, o.stream, o.consumer_group, o.attempts, o.claim_key, o.available_at, o.ordering_key, o.ordering_seq, o.status,
-    due.status = 'processing' AS reclaimed
+  WHERE o.id = ANY(ARRAY(SELECT id FROM due))
+  RETURNING o.id, o.event_id, o.stream, o.consumer_group, o.attempts, o.claim_key, o.available_at, o.ordering_key, o.ordering_seq, o.status
 )
-SELECT c.id, c.stream, c.consumer_group, e.event_key, e.event_kind, e.payload, e.metadata, c.attempts, c.claim_key, c.available_at, e.created_at, c.ordering_key, c.ordering_seq, c.reclaimed
-FROM claimed c JOIN millpond_events e ON e.id = c.event_id WHERE c.status = 'processing' ORDER BY c.id`)
+SELECT c.id, c.stream, c.consumer_group, e.event_key, e.event_kind, e.payload, e.metadata, c.attempts, c.claim_key, c.available_at, e.created_at, c.ordering_key, c.ordering_seq,
+  due.status = 'processing' AS reclaimed
+FROM claimed c JOIN due ON due.id = c.id JOIN millpond_events e ON e.id = c.event_id WHERE c.status = 'processing' ORDER BY c.id`)
 		// Statements that lock several rows lock them first, in id order, in
 		// a subselect (see liveClaims); the UPDATE then finds them locked.
 		// The acknowledgement settles rows without an ordering key and,

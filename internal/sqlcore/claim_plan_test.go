@@ -1,0 +1,133 @@
+package sqlcore
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib"
+)
+
+// The PostgreSQL claim finds the rows it locked through the primary key.
+// Joined with its CTE instead (UPDATE ... FROM due), the UPDATE was planned
+// as a hash join over a sequential scan of the whole deliveries table, on
+// every claim: in a table of 20,000 rows a claim of a few events read every
+// one of them.
+func TestPostgresClaimDoesNotScanTheTable(t *testing.T) {
+	dsn := os.Getenv("MILLPOND_POSTGRES_URL")
+	if dsn == "" {
+		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	admin, err := sql.Open("pgx", dsn)
+	if err == nil {
+		err = admin.PingContext(ctx)
+	}
+	if err != nil {
+		if os.Getenv("MILLPOND_REQUIRE_DATABASES") == "1" {
+			t.Fatalf("postgres: %v", err)
+		}
+		t.Skipf("postgres unavailable: %v", err)
+	}
+	defer admin.Close()
+	schema := fmt.Sprintf("mp_claim_plan_%d", os.Getpid())
+	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = admin.ExecContext(context.Background(), "DROP SCHEMA "+schema+" CASCADE") }()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	db, err := sql.Open("pgx", u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	c, err := New(Postgres, stdDB{db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, stmt := range []string{
+		`WITH ev AS (
+  INSERT INTO millpond_events (stream, event_key, event_kind, payload, metadata, content_hash, created_at)
+  SELECT 's', 'k' || g, 'K', '\x7b7d', '{}', '\x00', 0 FROM generate_series(1, 20000) AS g RETURNING id)
+INSERT INTO millpond_deliveries (event_id, stream, consumer_group, status, available_at)
+SELECT id, 's', '', 'pending', 0 FROM ev ORDER BY id`,
+		"ANALYZE millpond_events, millpond_deliveries",
+	} {
+		if _, err := db.ExecContext(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, limit := range []int{1, 1000} {
+		q := c.stmts.claim
+		rows, err := db.QueryContext(ctx, "EXPLAIN "+q.text, q.args(map[string]any{
+			"stream": "s", "group": "", "worker": "w", "limit": limit, "max": 10,
+			"lease": micros(time.Minute), "now": nil, "hold": true,
+		})...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var plan []string
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				t.Fatal(err)
+			}
+			plan = append(plan, line)
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		rows.Close()
+		text := strings.Join(plan, "\n")
+		if strings.Contains(text, "Seq Scan on millpond_deliveries") {
+			t.Errorf("a claim of %d scans the whole table:\n%s", limit, text)
+		}
+	}
+}
+
+// stdDB puts a database/sql pool behind DB.
+type stdDB struct{ db *sql.DB }
+
+func (s stdDB) ExecContext(ctx context.Context, query string, args ...any) (Result, error) {
+	return s.db.ExecContext(ctx, query, args...)
+}
+
+func (s stdDB) QueryContext(ctx context.Context, query string, args ...any) (Rows, error) {
+	return s.db.QueryContext(ctx, query, args...)
+}
+
+func (s stdDB) BeginTx(ctx context.Context, opts *sql.TxOptions) (Tx, error) {
+	tx, err := s.db.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return stdTx{tx}, nil
+}
+
+type stdTx struct{ tx *sql.Tx }
+
+func (s stdTx) ExecContext(ctx context.Context, query string, args ...any) (Result, error) {
+	return s.tx.ExecContext(ctx, query, args...)
+}
+
+func (s stdTx) QueryContext(ctx context.Context, query string, args ...any) (Rows, error) {
+	return s.tx.QueryContext(ctx, query, args...)
+}
+
+func (s stdTx) Commit() error   { return s.tx.Commit() }
+func (s stdTx) Rollback() error { return s.tx.Rollback() }
