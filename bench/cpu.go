@@ -15,6 +15,11 @@ import (
 // others too). A part that cannot be read is negative.
 type cpuTimes struct {
 	client, db, nats time.Duration
+	// backends is each database backend's CPU time (pid -> time): a
+	// difference of two samples counts only the backends of the later
+	// one, from 0 for those that started in between, so a backend that
+	// exits in between does not subtract its time.
+	backends map[int]time.Duration
 }
 
 // sampleCPU reads cpuTimes. The server processes are read from /proc
@@ -32,15 +37,15 @@ func sampleCPU(ctx context.Context, db *database) cpuTimes {
 		rows, err := db.pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()`)
 		if err == nil {
 			var sum time.Duration
+			t.backends = map[int]time.Duration{}
 			for rows.Next() {
 				var pid int
 				if rows.Scan(&pid) == nil {
-					d, ok := procCPU(strconv.Itoa(pid))
-					if !ok {
-						sum = -1
-						break
+					// A backend that exited since the query is skipped.
+					if d, ok := procCPU(strconv.Itoa(pid)); ok {
+						t.backends[pid] = d
+						sum += d
 					}
-					sum += d
 				}
 			}
 			rows.Close()
@@ -95,7 +100,14 @@ func (t cpuTimes) sub(from cpuTimes) cpuTimes {
 		}
 		return a - b
 	}
-	return cpuTimes{client: d(t.client, from.client), db: d(t.db, from.db), nats: d(t.nats, from.nats)}
+	db := d(t.db, from.db)
+	if db >= 0 && t.backends != nil {
+		db = 0
+		for pid, v := range t.backends {
+			db += v - from.backends[pid]
+		}
+	}
+	return cpuTimes{client: d(t.client, from.client), db: db, nats: d(t.nats, from.nats)}
 }
 
 // cpuSince returns the CPU time this process and the database's backends
