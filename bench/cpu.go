@@ -16,9 +16,10 @@ import (
 type cpuTimes struct {
 	client, db, nats time.Duration
 	// backends is each database backend's CPU time (pid -> time): a
-	// difference of two samples counts only the backends of the later
-	// one, from 0 for those that started in between, so a backend that
-	// exits in between does not subtract its time.
+	// difference of two samples counts the backends present in both (a
+	// backend that started or exited in between is left out, so a phase
+	// that opens connections is undercounted; the measured phases keep
+	// theirs).
 	backends map[int]time.Duration
 }
 
@@ -100,11 +101,13 @@ func (t cpuTimes) sub(from cpuTimes) cpuTimes {
 		}
 		return a - b
 	}
-	db := d(t.db, from.db)
-	if db >= 0 && t.backends != nil {
+	db := time.Duration(-1)
+	if t.backends != nil && from.backends != nil {
 		db = 0
 		for pid, v := range t.backends {
-			db += v - from.backends[pid]
+			if v0, ok := from.backends[pid]; ok && v >= v0 {
+				db += v - v0
+			}
 		}
 	}
 	return cpuTimes{client: d(t.client, from.client), db: db, nats: d(t.nats, from.nats)}
