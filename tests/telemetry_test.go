@@ -489,15 +489,7 @@ func TestTelemetryCountsReclaims(t *testing.T) {
 			rig := newTelemetryRig(t)
 			store := db.Store(t, rig.options()...)
 			ctx := context.Background()
-			tx, commit, _ := db.Begin(t)
-			for i := range 3 {
-				if _, err := store.Enqueue(ctx, tx, outbox.Event{Stream: "rc", Key: fmt.Sprint("k", i), Kind: "K", Payload: []byte("{}")}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := commit(); err != nil {
-				t.Fatal(err)
-			}
+			enqueueKeys(t, db, store, "rc", 3)
 			// Claim two and let their leases lapse.
 			cl, err := store.Claim(ctx, outbox.ClaimRequest{Stream: "rc", Worker: "w", Limit: 2, Lease: time.Second, MaxAttempts: 5})
 			if err != nil || len(cl) != 2 || cl[0].Reclaimed {
@@ -628,15 +620,7 @@ func TestSubscriberRampsUpClaimsOverABacklog(t *testing.T) {
 			store := db.Store(t, rig.options()...)
 			ctx := context.Background()
 			const backlog = 32 + 64 + 128
-			tx, commit, _ := db.Begin(t)
-			for i := range backlog {
-				if _, err := store.Enqueue(ctx, tx, outbox.Event{Stream: "ramp", Key: fmt.Sprint("k", i), Kind: "K", Payload: []byte("{}")}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := commit(); err != nil {
-				t.Fatal(err)
-			}
+			enqueueKeys(t, db, store, "ramp", backlog)
 			sub, err := outbox.NewSubscriber(store, outbox.SubscriberConfig{BatchSize: 1000, PollInterval: 10 * time.Millisecond})
 			if err != nil {
 				t.Fatal(err)
@@ -673,5 +657,19 @@ func TestSubscriberRampsUpClaimsOverABacklog(t *testing.T) {
 				t.Errorf("claims: %d of sizes %d-%d (sum %d), want 3 of 32-128 (32, 64, 128)", p.Count, lo, hi, p.Sum)
 			}
 		})
+	}
+}
+
+// enqueueKeys commits n events of kind K to stream, keys k0, k1, ...
+func enqueueKeys(t *testing.T, db *testdb.Database, store *outbox.Store, stream string, n int) {
+	t.Helper()
+	tx, commit, _ := db.Begin(t)
+	for i := range n {
+		if _, err := store.Enqueue(context.Background(), tx, outbox.Event{Stream: stream, Key: fmt.Sprint("k", i), Kind: "K", Payload: []byte("{}")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := commit(); err != nil {
+		t.Fatal(err)
 	}
 }
