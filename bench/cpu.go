@@ -112,10 +112,3 @@ func (t cpuTimes) sub(from cpuTimes) cpuTimes {
 	}
 	return cpuTimes{client: d(t.client, from.client), db: db, nats: d(t.nats, from.nats)}
 }
-
-// cpuSince returns the CPU time this process and the database's backends
-// spent between two samples (negative when unknown).
-func cpuSince(a, b cpuTimes) (self, dbCPU time.Duration) {
-	d := b.sub(a)
-	return d.client, d.db
-}

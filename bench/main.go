@@ -380,7 +380,8 @@ func runSystem(ctx context.Context, db *database, cfg config, info systemInfo) (
 		res.err = fmt.Errorf("delivery phase: only %d of %d events handled within %s", res.delivered, n, cfg.phaseTimeout)
 		return res
 	}
-	res.goCPU, res.dbCPU = cpuSince(cpuBefore, sampleCPU(ctx, db))
+	cpu := sampleCPU(ctx, db).sub(cpuBefore)
+	res.goCPU, res.dbCPU = cpu.client, cpu.db
 	res.deliverRate = float64(n) / (t.lastFirstSeen(1, n) - time.Duration(start)).Seconds()
 	res.firstHandled = t.firstFirstSeen(1, n) - time.Duration(start)
 	logf("%s: deliver %.0f ev/s (first event handled %s after Start was called); CPU per event: bench process %.1f µs, database %.1f µs",

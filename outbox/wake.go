@@ -93,10 +93,7 @@ func (h *wakeHub) notifySoon(stream string) {
 		if w.soon != nil {
 			ch = w.soon
 		}
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
+		poke(ch)
 	}
 }
 
@@ -116,10 +113,15 @@ func signal(set map[chan struct{}]waiter, group *string) {
 		if group != nil && !w.any && w.group != *group {
 			continue
 		}
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
+		poke(ch)
+	}
+}
+
+// poke signals ch without blocking: a channel already signalled stays so.
+func poke(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
 	}
 }
 
