@@ -135,14 +135,7 @@ func New(store *outbox.Store, cfg Config, hs ...handlers.Handler) (*Bus, error) 
 	if cfg.CloseTimeout == 0 {
 		cfg.CloseTimeout = cfg.Subscriber.CloseTimeout + 5*time.Second
 	}
-	routerLogger := outbox.RedactingLogger(cfg.Logger)
-	switch cfg.Logger.(type) {
-	case watermill.NopLogger, *watermill.NopLogger:
-		// It logs nothing: nothing to redact, and the router's two log
-		// calls per message then copy no fields.
-		routerLogger = cfg.Logger
-	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: cfg.CloseTimeout}, routerLogger)
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: cfg.CloseTimeout}, outbox.RedactingLogger(cfg.Logger))
 	if err != nil {
 		return nil, fmt.Errorf("bus: %w", err)
 	}

@@ -20,12 +20,13 @@ const uuidField = "message_uuid"
 //
 //	router, err := message.NewRouter(message.RouterConfig{}, outbox.RedactingLogger(logger))
 //
-// A nil logger gives nil (the router then uses its no-op logger).
+// A nil logger gives nil (the router then uses its no-op logger), and
+// Watermill's no-op logger is returned as it is: it logs nothing, so there is
+// nothing to redact, and a router's log calls per message then copy no
+// fields.
 func RedactingLogger(l watermill.LoggerAdapter) watermill.LoggerAdapter {
-	if l == nil {
-		return nil
-	}
-	if _, ok := l.(redactingLogger); ok {
+	switch l.(type) {
+	case nil, redactingLogger, watermill.NopLogger, *watermill.NopLogger:
 		return l
 	}
 	return redactingLogger{l}
