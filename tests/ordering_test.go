@@ -842,23 +842,37 @@ func testClaimsSkipBlockedBacklog(t *testing.T, e *env) {
 		t.Fatalf("claimed %d events, want the head alone", len(head))
 	}
 	empty := claimReq("idle", 100, time.Minute, 3)
-	measure := func(r outbox.ClaimRequest) time.Duration {
-		var ds []time.Duration
-		for range 31 {
-			start := time.Now()
-			if got := e.claim(r); len(got) != 0 {
-				t.Fatalf("claim found %d events", len(got))
-			}
-			ds = append(ds, time.Since(start))
+	timed := func(r outbox.ClaimRequest) time.Duration {
+		start := time.Now()
+		if got := e.claim(r); len(got) != 0 {
+			t.Fatalf("claim found %d events", len(got))
 		}
+		return time.Since(start)
+	}
+	median := func(ds []time.Duration) time.Duration {
 		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
 		return ds[len(ds)/2]
 	}
-	measure(empty) // warm up
-	blocked, idle := measure(req), measure(empty)
-	t.Logf("median claim: %s with %d blocked events on one key, %s on an empty stream", blocked, backlog-1, idle)
-	if blocked > 3*idle+time.Millisecond {
-		t.Fatalf("a claim takes %s behind a blocked backlog, %s on an empty stream", blocked, idle)
+	timed(empty) // warm up
+	// The two kinds of claim alternate, so that load from elsewhere on the
+	// machine (other test packages share its cores) falls on both alike.
+	// A round over the limit is measured again, up to three rounds in all:
+	// a claim that walks the backlog is over it in every round.
+	var blocked, idle time.Duration
+	for round := 1; ; round++ {
+		var bs, is []time.Duration
+		for range 31 {
+			bs = append(bs, timed(req))
+			is = append(is, timed(empty))
+		}
+		blocked, idle = median(bs), median(is)
+		t.Logf("round %d: median claim %s with %d blocked events on one key, %s on an empty stream", round, blocked, backlog-1, idle)
+		if blocked <= 3*idle+time.Millisecond {
+			break
+		}
+		if round == 3 {
+			t.Fatalf("a claim takes %s behind a blocked backlog, %s on an empty stream", blocked, idle)
+		}
 	}
 	if st := e.stats("big", ""); st.Blocked != backlog-1 || st.Processing != 1 {
 		t.Fatalf("stats: %+v", st)

@@ -474,11 +474,15 @@ FROM (` + strings.Replace(groups, "%s", "FROM DUAL", 1) + `) g`)
 		// consumer_group, status, id), read in id order until @limit rows
 		// are due; one IN ('pending', 'processing') range would make
 		// InnoDB read every unsettled row of the group and sort them.
-		s.claimDue = c(`(SELECT id FROM millpond_deliveries
+		// The index is named: with statistics not yet updated after a
+		// large enqueue, the optimizer could choose the blocked index's
+		// (stream, consumer_group) prefix and read every row of a blocked
+		// key behind its head.
+		s.claimDue = c(`(SELECT id FROM millpond_deliveries FORCE INDEX (millpond_deliveries_due_idx)
   WHERE stream = @stream AND consumer_group = @group AND status = 'pending' AND available_at <= @now
   ORDER BY id LIMIT @limit)
 UNION ALL
-(SELECT id FROM millpond_deliveries
+(SELECT id FROM millpond_deliveries FORCE INDEX (millpond_deliveries_due_idx)
   WHERE stream = @stream AND consumer_group = @group AND status = 'processing' AND available_at <= @now
   ORDER BY id LIMIT @limit)
 ORDER BY id LIMIT @limit`)
