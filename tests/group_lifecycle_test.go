@@ -33,6 +33,7 @@ func TestGroupLifecycleConformance(t *testing.T) {
 
 var lifecycleCases = []conformanceCase{
 	{name: "ListGroups", run: testListGroups},
+	{name: "GroupOfEveryKindAndOneGetsOneRow", run: testGroupEveryKindAndOne},
 	{name: "RetireGroupRefusesUntilDrained", run: testRetireGroup},
 	{name: "RetireGroupDiscards", run: testRetireGroupDiscard},
 	{name: "DiscardDead", run: testDiscardDead},
@@ -105,6 +106,41 @@ func (e *env) registered(stream string) []string {
 		out = append(out, r.Group)
 	}
 	return out
+}
+
+// testGroupEveryKindAndOne: a group registered for every kind and for one
+// kind as well matches an event of that kind twice; it still gets one
+// delivery row, and the event's id is that row's.
+func testGroupEveryKindAndOne(t *testing.T, e *env) {
+	if err := e.s.RegisterGroup(e.ctx, "orders", "audit"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.RegisterGroup(e.ctx, "orders", "audit", "Order.Placed"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.RegisterGroup(e.ctx, "orders", "billing", "Order.Placed"); err != nil {
+		t.Fatal(err)
+	}
+	ids := e.enqueueAll(kindEvent("orders", "o1", "Order.Placed"), kindEvent("orders", "o2", "Order.Shipped"))
+	for _, c := range []struct {
+		group, kind string
+		want        int64
+	}{{"audit", "Order.Placed", 1}, {"billing", "Order.Placed", 1}, {"audit", "Order.Shipped", 1}, {"billing", "Order.Shipped", 0}, {"", "", 0}} {
+		n := e.count("SELECT COUNT(*) FROM millpond_outbox WHERE consumer_group = ? AND event_kind = ?", c.group, c.kind)
+		if c.kind == "" {
+			n = e.count("SELECT COUNT(*) FROM millpond_outbox WHERE consumer_group = ?", c.group)
+		}
+		if n != c.want {
+			t.Errorf("group %q, kind %q: %d rows, want %d", c.group, c.kind, n, c.want)
+		}
+	}
+	if first := e.count("SELECT MIN(id) FROM millpond_outbox WHERE event_key = 'o1'"); first != ids[0] {
+		t.Errorf("enqueue returned id %d, the event's first row is %d", ids[0], first)
+	}
+	got := e.claim(outbox.ClaimRequest{Stream: "orders", Group: "audit", Worker: "w", Limit: 10, Lease: time.Minute, MaxAttempts: 3})
+	if len(got) != 2 {
+		t.Fatalf("audit claimed %d events, want 2", len(got))
+	}
 }
 
 func testListGroups(t *testing.T, e *env) {

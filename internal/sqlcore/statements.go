@@ -456,8 +456,20 @@ FOR UPDATE`)
 	case MySQL:
 		s.insertEvent = c(insertEventCols + `VALUES (@now, @stream, @key, @kind, @hash, @metadata, @payload)
 ON DUPLICATE KEY UPDATE id = id`)
-		s.enqueue = c(insertCols + `SELECT @eid, @stream, g.consumer_group, 'pending', @now + @delay
-FROM (` + strings.Replace(groups, "%s", "FROM DUAL", 1) + `) g`)
+		// One delivery row per group subscribed to the event's kind, or one
+		// of the default group when none is: the event's own row (just
+		// inserted, read by its primary key) left-joined with the
+		// subscriptions. The derived table of groups (SELECT DISTINCT ...
+		// UNION ALL ...) that the other dialects read made MariaDB build
+		// two temporary tables per enqueue. A group subscribed to both
+		// every kind ('') and this one is joined twice: its second row is
+		// a duplicate of the first, which the unique (event_id,
+		// consumer_group) turns into a no-op (the event id is new, so no
+		// other row can collide).
+		s.enqueue = c(insertCols + `SELECT e.id, @stream, COALESCE(s.consumer_group, ''), 'pending', @now + @delay
+FROM millpond_events e LEFT JOIN millpond_subscriptions s ON s.stream = @stream AND s.event_kind IN ('', @kind)
+WHERE e.id = @eid
+ON DUPLICATE KEY UPDATE millpond_deliveries.id = millpond_deliveries.id`)
 		// In REPEATABLE READ an INSERT ... SELECT share-locks the rows and gaps
 		// it reads, so concurrent enqueues would deadlock on a known-event
 		// probe inside it: the event's key is checked by the events' unique
