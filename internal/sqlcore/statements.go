@@ -160,6 +160,13 @@ ORDER BY d.id LIMIT @limit`)
 	s.deleteDeliveries = c("DELETE FROM millpond_deliveries WHERE id IN ({ids})")
 	s.lockEvents = c("SELECT id FROM millpond_events WHERE id IN ({ids}) ORDER BY id FOR UPDATE")
 	s.dropOrphans = c("DELETE FROM millpond_events WHERE id IN ({ids}) AND NOT EXISTS (SELECT 1 FROM millpond_deliveries d WHERE d.event_id = millpond_events.id)")
+	// On MySQL no index leads with status (see its migration 0005): the
+	// undelivered rows are those of delivered_at 0, read through the
+	// index on delivered_at.
+	undelivered := ""
+	if d == MySQL {
+		undelivered = " AND d.delivered_at = 0"
+	}
 	s.stats = c(`SELECT d.stream, d.consumer_group,
   SUM(CASE WHEN d.status = 'pending' THEN 1 ELSE 0 END),
   SUM(CASE WHEN d.status = 'processing' THEN 1 ELSE 0 END),
@@ -170,7 +177,7 @@ ORDER BY d.id LIMIT @limit`)
   SUM(CASE WHEN d.status = 'blocked' THEN 1 ELSE 0 END),
   SUM(CASE WHEN d.status = 'dead_letter' AND d.ordering_key <> '' AND NOT d.key_released THEN 1 ELSE 0 END)
 FROM millpond_deliveries d JOIN millpond_events e ON e.id = d.event_id
-WHERE d.status IN ('pending', 'processing', 'dead_letter', 'blocked')
+WHERE d.status IN ('pending', 'processing', 'dead_letter', 'blocked')` + undelivered + `
 GROUP BY d.stream, d.consumer_group
 ORDER BY d.stream, d.consumer_group`)
 	s.orderedGroups = c(`SELECT DISTINCT consumer_group FROM millpond_subscriptions WHERE stream = @stream AND event_kind IN ('', @kind)
@@ -539,9 +546,11 @@ WHERE id = @id AND claim_key = @key AND status = 'processing' AND available_at >
 		// promotes them, in id order.
 		s.releaseKeys = c(`UPDATE millpond_ordering SET unsettled = unsettled - 1 WHERE {keys}
 ORDER BY stream, consumer_group, ordering_key`)
+		// blocked_seq is a blocked row's ordering_seq, NULL for every other
+		// row (a stored column, indexed after the key: migration 0005).
 		s.nextBlocked = c(`SELECT (SELECT b.id FROM millpond_deliveries b
-  WHERE b.stream = k.stream AND b.consumer_group = k.consumer_group AND b.ordering_key = k.ordering_key AND b.status = 'blocked'
-  ORDER BY b.ordering_seq LIMIT 1)
+  WHERE b.stream = k.stream AND b.consumer_group = k.consumer_group AND b.ordering_key = k.ordering_key AND b.blocked_seq IS NOT NULL
+  ORDER BY b.blocked_seq LIMIT 1)
 FROM millpond_ordering k WHERE k.unsettled > 0 AND {keys}`)
 		s.promoteIDs = c(`UPDATE millpond_deliveries SET status = 'pending', available_at = GREATEST(available_at, @now)
 WHERE status = 'blocked' AND id IN ({ids})
@@ -573,7 +582,7 @@ ORDER BY id`)
 		// Purge picks the oldest deliveries with a plain read, then deletes
 		// them by id, in id order: a DELETE ... ORDER BY delivered_at would
 		// lock rows in delivery order.
-		s.purgeSelect = c(`SELECT id FROM millpond_deliveries WHERE status = 'delivered' AND delivered_at < @now - @horizon ORDER BY delivered_at LIMIT @limit`)
+		s.purgeSelect = c(`SELECT id FROM millpond_deliveries WHERE delivered_at > 0 AND delivered_at < @now - @horizon AND status = 'delivered' ORDER BY delivered_at LIMIT @limit`)
 		s.deleteDeliveries = c(`DELETE FROM millpond_deliveries WHERE id IN ({ids}) ORDER BY id`)
 		s.register = c("INSERT INTO millpond_subscriptions (stream, consumer_group, event_kind, created_at) VALUES (@stream, @group, @kind, @now) ON DUPLICATE KEY UPDATE stream = stream")
 		s.migrationsDDL = "CREATE TABLE IF NOT EXISTS millpond_schema_migrations (version INT PRIMARY KEY, name VARCHAR(128) NOT NULL, applied_at BIGINT NOT NULL) ENGINE=InnoDB"
