@@ -279,6 +279,9 @@ RETURNING id`
 		s.enqueueNotify = c(fmt.Sprintf(enqueue, `,
 n AS (SELECT pg_notify('`+NotifyChannel+`', @stream::TEXT))`, ", n"))
 		dead := deadAt("o.", "@hold::BOOLEAN")
+		// Each row's claim key is derived from the claim's secret (see
+		// derivedClaimKey, as on MySQL): gen_random_uuid() cost 5-10 µs a
+		// row, a third of the claim's time; SHA-256 costs a third of that.
 		// id + 0 is the due index's last column (see migration 0004): the
 		// planner cannot take the primary key's order instead. The UPDATE
 		// finds the locked rows through the primary key (= ANY of an
@@ -296,7 +299,7 @@ n AS (SELECT pg_notify('`+NotifyChannel+`', @stream::TEXT))`, ", n"))
     settled = ` + dead + `,
     attempts = CASE WHEN ` + dead + ` THEN o.attempts ELSE o.attempts + 1 END,
     claimed_by = @worker,
-    claim_key = CASE WHEN ` + dead + ` THEN '' ELSE replace(gen_random_uuid()::TEXT, '-', '') END,
+    claim_key = CASE WHEN ` + dead + ` THEN '' ELSE left(encode(sha256(convert_to(@secret::TEXT || o.id::TEXT, 'UTF8')), 'hex'), 32) END,
     last_error = CASE WHEN ` + dead + ` AND o.status = 'processing' THEN '` + lastErrorLeaseExpired + `' ELSE o.last_error END,
     available_at = @now + @lease::BIGINT
   WHERE o.id = ANY(ARRAY(SELECT id FROM due))
