@@ -13,13 +13,14 @@ import (
 
 // The PostgreSQL statements that lock the rows of receipts (acknowledge,
 // extend, release, acknowledge ordered rows) look each receipt up through
-// the primary key. A join of the table with the receipts was planned from
+// the primary key, and the claim does not join its claimed rows with its
+// due rows. A join of the table with the receipts was planned from
 // the statistics: once they said processing rows were rare (most rows
 // delivered when the table was analyzed, then a batch claimed), it read the
 // whole table and compared every processing row with every receipt, and an
 // acknowledgement of 1,000 events took over a second. The plans are checked
 // custom and generic (the plan a prepared statement settles on).
-func TestPostgresReceiptStatementsDoNotScanTheTable(t *testing.T) {
+func TestPostgresPlansDoNotDependOnStatistics(t *testing.T) {
 	dsn := os.Getenv("MILLPOND_POSTGRES_URL")
 	if dsn == "" {
 		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
@@ -69,6 +70,38 @@ func TestPostgresReceiptStatementsDoNotScanTheTable(t *testing.T) {
   SELECT 's', 'k' || g, 'K', '\x7b7d', '{}', '\x00', 0 FROM generate_series(1, 20000) AS g RETURNING id)
 INSERT INTO millpond_deliveries (event_id, stream, consumer_group, status, settled, available_at, delivered_at)
 SELECT id, 's', '', 'delivered', true, 0, 1 FROM ev ORDER BY id`,
+		"UPDATE millpond_deliveries SET status = 'pending', settled = false, delivered_at = 0 WHERE id > 18000",
+		"VACUUM millpond_events, millpond_deliveries",
+	} {
+		if _, err := db.ExecContext(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// The claim, before the table's columns have statistics (a new or
+	// truncated table, until autovacuum analyzes it), does not join its
+	// claimed rows with its due rows.
+	claimVals := map[string]any{"stream": "s", "group": "", "worker": "w", "limit": 1000, "max": 10,
+		"lease": micros(time.Minute), "now": nil, "hold": true, "secret": newClaimKey()}
+	for _, mode := range []string{"auto", "force_generic_plan"} {
+		if _, err := conn.ExecContext(ctx, "SET plan_cache_mode = "+mode); err != nil {
+			t.Fatal(err)
+		}
+		// Which join the planner picks for claimed and due rows depends on
+		// its estimates (a nested loop comparing each with each, 1,000,000
+		// comparisons in a claim of 1,000, on a bench database whose table
+		// had not been analyzed): there must be none.
+		text := explain(t, conn, c.stmts.claim.text, c.stmts.claim.args(claimVals))
+		if strings.Contains(text, "Seq Scan on millpond_deliveries") || strings.Contains(text, "due.id") {
+			t.Errorf("claim (plan_cache_mode %s) joins its claimed rows with its due rows:\n%s", mode, text)
+		}
+	}
+	for _, stmt := range []string{
+		"UPDATE millpond_deliveries SET status = 'delivered', settled = true, delivered_at = 1 WHERE id > 18000",
 		"ANALYZE millpond_events, millpond_deliveries",
 		`UPDATE millpond_deliveries SET status = 'processing', settled = false, delivered_at = 0,
   available_at = 9000000000000000, claim_key = md5(id::TEXT) WHERE id <= 2000`,
@@ -95,34 +128,13 @@ SELECT id, 's', '', 'delivered', true, 0, 1 FROM ev ORDER BY id`,
 		t.Fatal(err)
 	}
 	rows.Close()
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
 	vals := map[string]any{"ids": ids, "keys": keys, "now": nil, "lease": micros(time.Minute)}
 	for _, mode := range []string{"auto", "force_generic_plan"} {
 		if _, err := conn.ExecContext(ctx, "SET plan_cache_mode = "+mode); err != nil {
 			t.Fatal(err)
 		}
 		for name, q := range map[string]query{"ack": c.stmts.ack, "ackOrdered": c.stmts.ackOrdered, "extend": c.stmts.extend, "release": c.stmts.release} {
-			rows, err := conn.QueryContext(ctx, "EXPLAIN "+q.text, q.args(vals)...)
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-			var plan []string
-			for rows.Next() {
-				var line string
-				if err := rows.Scan(&line); err != nil {
-					t.Fatal(err)
-				}
-				plan = append(plan, line)
-			}
-			if err := rows.Err(); err != nil {
-				t.Fatal(err)
-			}
-			rows.Close()
-			text := strings.Join(plan, "\n")
+			text := explain(t, conn, q.text, q.args(vals))
 			if strings.Contains(text, "Seq Scan on millpond_deliveries") || strings.Contains(text, "Join Filter: ((o.id = r.id)") {
 				t.Errorf("%s (plan_cache_mode %s) does not look the receipts up by id:\n%s", name, mode, text)
 			}
@@ -137,6 +149,28 @@ SELECT id, 's', '', 'delivered', true, 0, 1 FROM ev ORDER BY id`,
 	if len(settled) != len(ids) {
 		t.Fatalf("acknowledged %d of %d", len(settled), len(ids))
 	}
+}
+
+// explain is the plan of a statement with its arguments.
+func explain(t *testing.T, conn *sql.Conn, text string, args []any) string {
+	t.Helper()
+	rows, err := conn.QueryContext(context.Background(), "EXPLAIN "+text, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var plan []string
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			t.Fatal(err)
+		}
+		plan = append(plan, line)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(plan, "\n")
 }
 
 func receiptsOf(ids []int64, keys []string) []Receipt {
