@@ -11,16 +11,25 @@ import (
 
 // cpuTimes is CPU time consumed so far by the bench process, by the
 // database's server processes serving the bench's database (PostgreSQL on
-// this machine; autovacuum and the sampling connection are left out), and by the NATS server (on this machine; it may serve
-// others too). A part that cannot be read is negative.
+// this machine; autovacuum is left out, the sampling connection counted),
+// and by the NATS server (on this machine; it may serve others too). A part
+// that cannot be read is negative.
 type cpuTimes struct {
 	client, db, nats time.Duration
-	// backends is each database backend's CPU time (pid -> time): a
-	// difference of two samples counts the backends present in both (a
-	// backend that started or exited in between is left out, so a phase
-	// that opens connections is undercounted; the measured phases keep
-	// theirs).
-	backends map[int]time.Duration
+	// backends is each database backend's CPU time, by process (pid and
+	// start time, so a reused pid is another process). A difference of two
+	// samples counts, for a backend present in both, the time between
+	// them, and for a backend that started after the first sample, all of
+	// its time; a backend that exited before the second sample is left
+	// out (pool connections live through a measured phase).
+	backends map[backend]time.Duration
+}
+
+// backend identifies a server process: its pid and its start time (in
+// clock ticks since boot).
+type backend struct {
+	pid   int
+	start int64
 }
 
 // sampleCPU reads cpuTimes. The server processes are read from /proc
@@ -35,16 +44,16 @@ func sampleCPU(ctx context.Context, db *database) cpuTimes {
 	}
 	t.db = -1
 	if db.pool != nil {
-		rows, err := db.pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()`)
+		rows, err := db.pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend'`)
 		if err == nil {
 			var sum time.Duration
-			t.backends = map[int]time.Duration{}
+			t.backends = map[backend]time.Duration{}
 			for rows.Next() {
 				var pid int
 				if rows.Scan(&pid) == nil {
 					// A backend that exited since the query is skipped.
-					if d, ok := procCPU(strconv.Itoa(pid)); ok {
-						t.backends[pid] = d
+					if d, start, ok := procStat(strconv.Itoa(pid)); ok {
+						t.backends[backend{pid, start}] = d
 						sum += d
 					}
 				}
@@ -60,7 +69,7 @@ func sampleCPU(ctx context.Context, db *database) cpuTimes {
 		for _, e := range entries {
 			comm, err := os.ReadFile("/proc/" + e.Name() + "/comm")
 			if err == nil && strings.TrimSpace(string(comm)) == "nats-server" {
-				if d, ok := procCPU(e.Name()); ok {
+				if d, _, ok := procStat(e.Name()); ok {
 					t.nats = max(t.nats, 0) + d
 				}
 			}
@@ -69,28 +78,32 @@ func sampleCPU(ctx context.Context, db *database) cpuTimes {
 	return t
 }
 
-// procCPU is the user and system CPU time of a process, from /proc.
-func procCPU(pid string) (time.Duration, bool) {
+// procStat is the user and system CPU time of a process and its start
+// time (clock ticks since boot), from /proc/<pid>/stat.
+func procStat(pid string) (cpu time.Duration, start int64, ok bool) {
 	b, err := os.ReadFile("/proc/" + pid + "/stat")
 	if err != nil {
-		return 0, false
+		return 0, 0, false
 	}
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0, false
+		return 0, 0, false
 	}
+	// Fields after the command: state is field 3 of proc(5), so field n
+	// is f[n-3]: utime 14, stime 15, starttime 22.
 	f := strings.Fields(s[i+1:])
-	if len(f) < 13 {
-		return 0, false
+	if len(f) < 20 {
+		return 0, 0, false
 	}
 	u, err1 := strconv.ParseInt(f[11], 10, 64)
 	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, false
+	start, err3 := strconv.ParseInt(f[19], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return 0, 0, false
 	}
 	const ticks = 100 // USER_HZ on Linux
-	return time.Duration(u+st) * time.Second / ticks, true
+	return time.Duration(u+st) * time.Second / ticks, start, true
 }
 
 // sub is the CPU time spent between two samples (negative when unknown).
@@ -104,8 +117,12 @@ func (t cpuTimes) sub(from cpuTimes) cpuTimes {
 	db := time.Duration(-1)
 	if t.backends != nil && from.backends != nil {
 		db = 0
-		for pid, v := range t.backends {
-			if v0, ok := from.backends[pid]; ok && v >= v0 {
+		for b, v := range t.backends {
+			v0, ok := from.backends[b]
+			switch {
+			case !ok:
+				db += v // started after the first sample
+			case v >= v0:
 				db += v - v0
 			}
 		}

@@ -69,6 +69,18 @@ type JetStream struct {
 
 	mu   sync.Mutex
 	last map[string]uint64 // strict mode: last known sequence per subject
+
+	// unconfirmed holds the asynchronous publishes outside strict mode,
+	// by message, until the publisher's acknowledgement or error handler
+	// (onPubAck, onPubErr) takes them out and finishes them.
+	unconfirmedMu sync.Mutex
+	unconfirmed   map[*nats.Msg]unconfirmedPub
+}
+
+// unconfirmedPub is an asynchronous publish waiting for its outcome.
+type unconfirmedPub struct {
+	p  *pipeline
+	it *item
 }
 
 // lastCacheSize bounds the strict mode's per-subject cache; a subject
@@ -113,13 +125,18 @@ func NewJetStream(ctx context.Context, store *outbox.Store, nc *nats.Conn, cfg J
 	if !nc.IsConnected() {
 		return nil, fmt.Errorf("%w: the connection is %s", ErrUnreachable, strings.ToLower(nc.Status().String()))
 	}
+	r := &JetStream{cfg: cfg, tmpl: tmpl, last: map[string]uint64{}, unconfirmed: map[*nats.Msg]unconfirmedPub{}}
+	// The outcomes of asynchronous publishes come to the handlers, on the
+	// client's goroutines: no goroutine of the relay wakes up for each.
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(cfg.Window*len(cfg.Streams)+16),
-		jetstream.WithPublishAsyncTimeout(cfg.PublishTimeout))
+		jetstream.WithPublishAsyncTimeout(cfg.PublishTimeout),
+		jetstream.WithPublishAsyncAckHandler(r.onPubAck),
+		jetstream.WithPublishAsyncErrHandler(r.onPubErr))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNoJetStream, err)
 	}
-	r := &JetStream{cfg: cfg, js: js, tmpl: tmpl, last: map[string]uint64{}}
+	r.js = js
 	if err := r.checkStream(ctx); err != nil {
 		return nil, err
 	}
@@ -242,10 +259,11 @@ func checkHeader(k, v string) error {
 }
 
 // send publishes one event. Outside strict mode the publish is
-// asynchronous and the pipeline's confirmLoop waits for its PubAck, so a
-// whole window of publishes shares the connection's writes; a strict-mode
-// publish may need a read of the subject and a second publish, so it runs
-// on a goroutine of its own. A PubAck marked duplicate is a success.
+// asynchronous and its PubAck (or error: a timeout after PublishTimeout, a
+// lost connection) comes to onPubAck or onPubErr, so a whole window of
+// publishes shares the connection's writes; a strict-mode publish may need
+// a read of the subject and a second publish, so it runs on a goroutine of
+// its own. A PubAck marked duplicate is a success.
 func (r *JetStream) send(p *pipeline, it *item) {
 	m, err := r.natsMsg(it.c)
 	if err != nil {
@@ -262,13 +280,45 @@ func (r *JetStream) send(p *pipeline, it *item) {
 		}()
 		return
 	}
-	fut, err := r.js.PublishMsgAsync(m)
-	if err != nil {
-		p.finish(it, result{err: fmt.Errorf("publish to JetStream: %w", err)})
-		return
+	r.unconfirmedMu.Lock()
+	r.unconfirmed[m] = unconfirmedPub{p: p, it: it}
+	r.unconfirmedMu.Unlock()
+	if _, err := r.js.PublishMsgAsync(m); err != nil {
+		// Unless a handler took it meanwhile (the connection was lost
+		// while the publish was being registered), it is finished here.
+		if p, it, ok := r.confirmed(m); ok {
+			p.finish(it, result{err: fmt.Errorf("publish to JetStream: %w", err)})
+		}
 	}
-	it.fut = fut
-	p.pending <- it // never blocks: it holds Window, one per unconfirmed publish
+}
+
+// confirmed takes the publish of m out of the unconfirmed ones; ok is false
+// when it is not there (a strict-mode publish, or one already finished).
+func (r *JetStream) confirmed(m *nats.Msg) (*pipeline, *item, bool) {
+	r.unconfirmedMu.Lock()
+	u, ok := r.unconfirmed[m]
+	if ok {
+		delete(r.unconfirmed, m)
+	}
+	r.unconfirmedMu.Unlock()
+	return u.p, u.it, ok
+}
+
+// onPubAck is the publisher's acknowledgement handler: the message is in
+// the stream (or was already, a duplicate).
+func (r *JetStream) onPubAck(_ jetstream.JetStream, m *nats.Msg, ack *jetstream.PubAck) {
+	if p, it, ok := r.confirmed(m); ok {
+		p.finish(it, result{dup: ack.Duplicate})
+	}
+}
+
+// onPubErr is the publisher's error handler: the publish failed, timed out
+// or lost its connection. It may run with the publisher's lock held, so it
+// must not call the publisher.
+func (r *JetStream) onPubErr(_ jetstream.JetStream, m *nats.Msg, err error) {
+	if p, it, ok := r.confirmed(m); ok {
+		p.finish(it, result{err: fmt.Errorf("publish to JetStream: %w", err)})
+	}
 }
 
 // publishAsync publishes through the asynchronous publisher (so publishes

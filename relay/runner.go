@@ -17,7 +17,6 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/millpond/millpond/outbox"
@@ -262,7 +261,6 @@ func newRunner(store *outbox.Store, cfg Config, stats *counters, target func(str
 type item struct {
 	c         outbox.Claimed
 	claimedAt time.Time
-	fut       jetstream.PubAckFuture // the JetStream relay's pending publish
 }
 
 // result is the outcome of one publish.
@@ -333,7 +331,6 @@ type pipeline struct {
 	more    chan struct{}   // a claim came back full: another claimer may claim
 	kick    chan struct{}   // acknowledged ordered events: claim again now
 	slots   chan struct{}   // one per unconfirmed publish (the window)
-	pending chan *item      // the JetStream relay's publishes, in order
 	acks    chan *item      // confirmed, to acknowledge
 	fails   chan failedItem // failed, to settle with Store.Fail
 
@@ -358,7 +355,6 @@ func newPipeline(r *runner, stream string) *pipeline {
 		more:    make(chan struct{}, 1),
 		kick:    make(chan struct{}, 1),
 		slots:   make(chan struct{}, r.cfg.Window),
-		pending: make(chan *item, r.cfg.Window),
 		acks:    make(chan *item, outbox.MaxBatch),
 		fails:   make(chan failedItem, r.cfg.Window),
 		held:    map[int64]outbox.Receipt{},
@@ -381,7 +377,6 @@ func (p *pipeline) run(ctx context.Context) {
 	go func() { defer close(acked); p.ackLoop() }()
 	failed := make(chan struct{})
 	go func() { defer close(failed); p.failLoop() }()
-	go p.confirmLoop()
 	extendStop := make(chan struct{})
 	background.Add(1)
 	go func() { defer background.Done(); p.extendLoop(extendStop) }()
@@ -405,7 +400,6 @@ func (p *pipeline) run(ctx context.Context) {
 	close(p.acks)
 	close(p.fails)
 	p.sendMu.Unlock()
-	close(p.pending)
 	<-acked
 	<-failed
 	close(extendStop)
@@ -416,23 +410,6 @@ func (p *pipeline) run(ctx context.Context) {
 // relay still has acknowledgements to write) but not a hung connection.
 func (p *pipeline) opCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), max(p.r.cfg.Lease/2, 5*time.Second))
-}
-
-// confirmLoop waits for the JetStream relay's asynchronous publishes, in
-// the order they were sent (JetStream confirms them in that order, mostly),
-// and finishes each. It ends once pending is closed and drained; each
-// future resolves within PublishTimeout.
-func (p *pipeline) confirmLoop() {
-	for it := range p.pending {
-		fut := it.fut
-		it.fut = nil
-		select {
-		case ack := <-fut.Ok():
-			p.finish(it, result{dup: ack.Duplicate})
-		case err := <-fut.Err():
-			p.finish(it, result{err: fmt.Errorf("publish to JetStream: %w", err)})
-		}
-	}
 }
 
 // claimers is how many claims of a stream may run at once while it has a

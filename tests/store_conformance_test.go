@@ -47,6 +47,7 @@ type conformanceCase struct {
 var conformanceCases = []conformanceCase{
 	{name: "ConcurrentClaimersDeliverExactlyOnce", dbClock: true, run: testConcurrentClaimers},
 	{name: "StaleOrWrongClaimKeyChangesNothing", run: testStaleClaimKey},
+	{name: "ClaimKeysDifferPerRowAndClaim", run: testClaimKeysDiffer},
 	{name: "ExpiredLeaseIsReclaimed", run: testExpiredLease},
 	{name: "RollbackLeavesNoEventCommitMakesVisible", run: testRollbackCommit},
 	{name: "AttemptLimitDeadLettersAndRequeue", run: testAttemptLimit},
@@ -317,6 +318,50 @@ func testConcurrentClaimers(t *testing.T, e *env) {
 	if n := e.count("SELECT COUNT(*) FROM millpond_outbox WHERE status = 'delivered' AND attempts = 1"); n != events {
 		t.Errorf("want %d rows delivered at the first attempt, got %d", events, n)
 	}
+}
+
+// testClaimKeysDiffer: every row of a claim gets its own key (32 lowercase
+// hex digits), a key of one row does not settle another row of the same
+// claim, and the next claim of the same rows gets new keys.
+func testClaimKeysDiffer(t *testing.T, e *env) {
+	const n = 20
+	for i := range n {
+		e.enqueue(event("s", fmt.Sprintf("k%d", i)))
+	}
+	req := claimReq("s", n, time.Second, 5)
+	keys := map[string]bool{}
+	check := func(label string, got []outbox.Claimed) {
+		t.Helper()
+		if len(got) != n {
+			t.Fatalf("%s: claimed %d of %d", label, len(got), n)
+		}
+		for _, c := range got {
+			if len(c.ClaimKey) != 32 || strings.Trim(c.ClaimKey, "0123456789abcdef") != "" {
+				t.Fatalf("%s: claim key of length %d is not 32 lowercase hex digits", label, len(c.ClaimKey))
+			}
+			if keys[c.ClaimKey] {
+				t.Fatalf("%s: a claim key repeats", label)
+			}
+			keys[c.ClaimKey] = true
+		}
+	}
+	first := e.claim(req)
+	check("first claim", first)
+	e.expectRefused("another row's key", outbox.Receipt{ID: first[0].ID, ClaimKey: first[1].ClaimKey})
+	e.clock.Advance(2 * time.Second)
+	second := e.claim(req)
+	check("second claim", second)
+	if _, err := e.s.AcknowledgeBatch(e.ctx, receiptsOfClaims(second)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func receiptsOfClaims(cs []outbox.Claimed) []outbox.Receipt {
+	rs := make([]outbox.Receipt, len(cs))
+	for i, c := range cs {
+		rs[i] = c.Receipt()
+	}
+	return rs
 }
 
 func testStaleClaimKey(t *testing.T, e *env) {

@@ -76,7 +76,7 @@ SELECT id, 's', '', 'pending', 0 FROM ev ORDER BY id`,
 		q := c.stmts.claim
 		rows, err := db.QueryContext(ctx, "EXPLAIN "+q.text, q.args(map[string]any{
 			"stream": "s", "group": "", "worker": "w", "limit": limit, "max": 10,
-			"lease": micros(time.Minute), "now": nil, "hold": true,
+			"lease": micros(time.Minute), "now": nil, "hold": true, "secret": newClaimKey(),
 		})...)
 		if err != nil {
 			t.Fatal(err)
