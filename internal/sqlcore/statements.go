@@ -265,7 +265,8 @@ RETURNING id`
 		s.enqueue = c(fmt.Sprintf(enqueue, "", ""))
 		// The same statement with the wake-up folded in, which spares the
 		// producer a round trip: the n row is joined, so its pg_notify runs
-		// once, whether or not a row is inserted.
+		// once when the event is new. (A known event inserts nothing, the
+		// join has no row, and n is never read: nothing is announced.)
 		s.enqueueNotify = c(fmt.Sprintf(enqueue, `,
 n AS (SELECT pg_notify('`+NotifyChannel+`', @stream::TEXT))`, ", n"))
 		dead := deadAt("o.", "@hold::BOOLEAN")
