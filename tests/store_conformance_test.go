@@ -63,6 +63,7 @@ var conformanceCases = []conformanceCase{
 	{name: "Stats", run: testStats},
 	{name: "ConsumerGroups", run: testConsumerGroups},
 	{name: "ConsumerGroupsByKind", run: testConsumerGroupsByKind},
+	{name: "GroupOfEveryKindAndOfTheKindGetsOneRow", run: testGroupOfEveryKindAndKind},
 	{name: "Migrations", run: testMigrations},
 	{name: "MetadataAndBinaryPayloadRoundTrip", run: testRoundTrip},
 	{name: "ClaimOrderAndBatchAcknowledge", run: testClaimOrderAndBatchAck},
@@ -1752,6 +1753,47 @@ func testConsumerGroupsByKind(t *testing.T, e *env) {
 	e.enqueue(outbox.Event{Stream: "orders", Key: "o4", Kind: "Order.Paid", Payload: []byte("4")})
 	if got := groupsOf("o4"); got != "billing" {
 		t.Fatalf("Order.Paid went to %q, want billing", got)
+	}
+}
+
+// testGroupOfEveryKindAndKind: a group subscribed to every kind of a stream
+// and also to one kind gets one row for an event of that kind, enqueued in
+// one statement (a second row would break the enqueue on the unique
+// (event_id, consumer_group)); the default group gets none.
+func testGroupOfEveryKindAndKind(t *testing.T, e *env) {
+	if err := e.s.RegisterGroup(e.ctx, "orders", "billing"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.RegisterGroup(e.ctx, "orders", "billing", "Order.Placed"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.RegisterGroup(e.ctx, "orders", "audit", "Order.Placed"); err != nil {
+		t.Fatal(err)
+	}
+	first := e.enqueue(outbox.Event{Stream: "orders", Key: "o1", Kind: "Order.Placed", Payload: []byte("1")})
+	e.enqueue(outbox.Event{Stream: "orders", Key: "o2", Kind: "Order.Shipped", Payload: []byte("2")})
+	rows := func(key string) string {
+		t.Helper()
+		var gs []string
+		for _, g := range []string{"", "audit", "billing"} {
+			if n := e.count("SELECT COUNT(*) FROM millpond_outbox WHERE event_key = ? AND consumer_group = ?", key, g); n > 0 {
+				gs = append(gs, fmt.Sprintf("%s×%d", cmp.Or(g, "default"), n))
+			}
+		}
+		return strings.Join(gs, ",")
+	}
+	if got := rows("o1"); got != "audit×1,billing×1" {
+		t.Fatalf("Order.Placed rows %q, want audit×1,billing×1", got)
+	}
+	if got := rows("o2"); got != "billing×1" {
+		t.Fatalf("Order.Shipped rows %q, want billing×1", got)
+	}
+	// The enqueue reports the event's first row, and again when repeated.
+	if again := e.enqueue(outbox.Event{Stream: "orders", Key: "o1", Kind: "Order.Placed", Payload: []byte("1")}); again.Inserted || again.ID != first.ID {
+		t.Fatalf("repeated enqueue: %+v; first %+v", again, first)
+	}
+	if n := e.count("SELECT COUNT(*) FROM millpond_outbox WHERE consumer_group = ?", ""); n != 0 {
+		t.Fatalf("default group rows: %d", n)
 	}
 }
 
