@@ -246,7 +246,7 @@ type subscription struct {
 	stop   chan struct{}   // closed when the subscription must stop claiming
 	out    chan *message.Message
 	queue  chan Claimed  // claimed, not yet handed out
-	taken  chan struct{} // a dispatcher took from queue
+	taken  chan struct{} // a dispatcher took from queue or handed
 	acks   chan Receipt
 	logger watermill.LoggerAdapter
 
@@ -255,6 +255,14 @@ type subscription struct {
 	settled map[int64]settlement // held events acknowledged, not yet forgotten
 	kinds   map[int64]string     // the kind of each held event, for metrics
 	ordered map[int64]bool       // held events with an ordering key
+
+	// handed holds the events that acknowledgements claimed for this
+	// subscription (the next events of the keys they settled, see
+	// Store.AcknowledgeAndClaimNext), not yet handed out; handedReady
+	// (capacity 1) tells the dispatchers there are some.
+	handedMu    sync.Mutex
+	handed      []Claimed
+	handedReady chan struct{}
 
 	// orderedAcks counts the acks of events with an ordering key that are
 	// queued or being written: each will make its key's next event
@@ -332,6 +340,8 @@ func newSubscription(ctx context.Context, s *Subscriber, topic string) *subscrip
 		kinds:   map[int64]string{},
 		tel:     s.store.tel.forSubscription(topic, s.config.ConsumerGroup),
 		ordered: map[int64]bool{},
+
+		handedReady: make(chan struct{}, 1),
 	}
 	sub.ackCond = sync.NewCond(&sub.ackMu)
 	return sub
@@ -367,6 +377,8 @@ func (sub *subscription) run() {
 	sub.releaseQueued()
 	close(sub.acks)
 	<-ackDone
+	// The last acks may have handed events over: release them too.
+	sub.releaseQueued()
 	close(extendStop)
 	background.Wait()
 	close(sub.out)
@@ -399,7 +411,10 @@ func (sub *subscription) claimLoop() {
 		MaxInterval:         5 * time.Second,
 	}
 	for {
-		room := cap(sub.queue) - len(sub.queue)
+		// Events handed over by acknowledgements take room too: the
+		// subscription holds at most a queue's worth of undispatched
+		// events.
+		room := cap(sub.queue) - len(sub.queue) - sub.handedLen()
 		if room < max(1, cap(sub.queue)/4) {
 			select {
 			case <-sub.stop:
@@ -527,11 +542,19 @@ func (sub *subscription) dispatchLoop() {
 			return
 		default:
 		}
-		var c Claimed
-		select {
-		case <-sub.stop:
-			return
-		case c = <-sub.queue:
+		// Events handed over by acknowledgements first: they are the
+		// heads of keys this subscription has just worked on.
+		c, ok := sub.popHanded()
+		if !ok {
+			select {
+			case <-sub.stop:
+				return
+			case c = <-sub.queue:
+			case <-sub.handedReady:
+				if c, ok = sub.popHanded(); !ok {
+					continue
+				}
+			}
 		}
 		select {
 		case sub.taken <- struct{}{}:
@@ -767,9 +790,82 @@ func (sub *subscription) release(rs ...Receipt) {
 	}
 }
 
+// adopt records claims the subscription got other than from its claimer
+// (handed over by an acknowledgement) and queues them for the
+// dispatchers, or releases them when the subscription is stopping.
+func (sub *subscription) adopt(cs []Claimed) {
+	if len(cs) == 0 {
+		return
+	}
+	sub.tel.claimed(sub.ctx, cs)
+	sub.mu.Lock()
+	for _, c := range cs {
+		sub.held[c.ID] = c.Receipt()
+		sub.kinds[c.ID] = c.Kind
+		if c.OrderingKey != "" {
+			sub.ordered[c.ID] = true
+		}
+	}
+	sub.mu.Unlock()
+	select {
+	case <-sub.stop:
+		rs := make([]Receipt, len(cs))
+		for i, c := range cs {
+			rs[i] = c.Receipt()
+		}
+		sub.release(rs...)
+		return
+	default:
+	}
+	sub.handedMu.Lock()
+	sub.handed = append(sub.handed, cs...)
+	sub.handedMu.Unlock()
+	select {
+	case sub.handedReady <- struct{}{}:
+	default:
+	}
+}
+
+// popHanded takes the oldest event handed over, if any; when more remain
+// it passes the signal on to another dispatcher.
+func (sub *subscription) popHanded() (Claimed, bool) {
+	sub.handedMu.Lock()
+	if len(sub.handed) == 0 {
+		sub.handedMu.Unlock()
+		return Claimed{}, false
+	}
+	c := sub.handed[0]
+	sub.handed[0] = Claimed{}
+	sub.handed = sub.handed[1:]
+	more := len(sub.handed) > 0
+	if !more {
+		sub.handed = nil
+	}
+	sub.handedMu.Unlock()
+	if more {
+		select {
+		case sub.handedReady <- struct{}{}:
+		default:
+		}
+	}
+	return c, true
+}
+
+func (sub *subscription) handedLen() int {
+	sub.handedMu.Lock()
+	defer sub.handedMu.Unlock()
+	return len(sub.handed)
+}
+
 // releaseQueued hands back everything claimed but never handed out.
 func (sub *subscription) releaseQueued() {
-	var rs []Receipt
+	sub.handedMu.Lock()
+	rs := make([]Receipt, 0, len(sub.handed))
+	for _, c := range sub.handed {
+		rs = append(rs, c.Receipt())
+	}
+	sub.handed = nil
+	sub.handedMu.Unlock()
 	for {
 		select {
 		case c := <-sub.queue:
@@ -895,22 +991,50 @@ func (sub *subscription) flushAcks(batch []Receipt) {
 		}
 	}
 	sub.mu.Unlock()
+	// The acknowledgement claims the next event of each key it settles
+	// for this subscription (see Store.AcknowledgeAndClaimNext), unless
+	// the subscription is stopping (those would only be released).
+	handOver := ordered > 0 && sub.store.Dialect() != string(sqlcore.MySQL)
+	select {
+	case <-sub.stop:
+		handOver = false
+	default:
+	}
 	if ordered > 0 {
-		// Whether the write succeeds or not, wake the claimer, which
-		// waits for these acks rather than polling (see claimLoop).
+		// The claimer waits for these acks rather than polling (see
+		// claimLoop): wake it when they are written, whether or not the
+		// write succeeds, unless the write handed the keys' next events
+		// over (a claim would find nothing more).
+		wake := true
 		defer func() {
 			sub.orderedAcks.Add(-int64(ordered))
-			sub.store.wake.notifyGroup(sub.topic, sub.cfg.ConsumerGroup)
+			if wake {
+				sub.store.wake.notifyGroup(sub.topic, sub.cfg.ConsumerGroup)
+			}
 		}()
+		defer func() { wake = !handOver }()
 	}
 	var stale []Receipt
 	err := retry(nil, sub.cfg.Lease/2, func() error {
 		var err error
 		ctx, cancel := sub.opCtx()
 		defer cancel()
-		stale, err = sub.store.AcknowledgeBatch(ctx, batch)
+		if !handOver {
+			stale, err = sub.store.AcknowledgeBatch(ctx, batch)
+			return err
+		}
+		var next []Claimed
+		next, stale, err = sub.store.AcknowledgeAndClaimNext(ctx, batch, ClaimRequest{
+			Stream: sub.topic, Group: sub.cfg.ConsumerGroup, Worker: sub.cfg.Worker,
+			Limit: len(batch), Lease: sub.cfg.Lease, MaxAttempts: sub.cfg.MaxAttempts,
+			DeadLetterPolicy: sub.cfg.DeadLetterPolicy,
+		})
+		sub.adopt(next)
 		return err
 	})
+	if err != nil {
+		handOver = false
+	}
 	if err != nil {
 		sub.logger.Error("Could not record acks; the events will be delivered again after their leases expire", err, watermill.LogFields{"events": len(batch)})
 		return

@@ -203,7 +203,9 @@ func scanSettledRows(rows Rows) (map[int64]bool, []orderKey, error) {
 // ackOrderedRows acknowledges the live receipts of rows with an ordering key
 // inside ex, a transaction, and promotes the next event of each key.
 // PostgreSQL and SQLite; MySQL's ack does both.
-func (c *Core) ackOrderedRows(ctx context.Context, ex Executor, rs []Receipt) (map[int64]bool, error) {
+// With hand set, the next events it promotes are handed over (see
+// Core.AcknowledgeAndClaimNext) and returned.
+func (c *Core) ackOrderedRows(ctx context.Context, ex Executor, rs []Receipt, hand *ClaimRequest) (map[int64]bool, []Claimed, error) {
 	q := c.stmts.ackOrdered
 	if c.dialect == Postgres {
 		// One statement settles the rows and counts them off their keys;
@@ -211,24 +213,69 @@ func (c *Core) ackOrderedRows(ctx context.Context, ex Executor, rs []Receipt) (m
 		ids, keys := splitReceipts(rs)
 		rows, err := ex.QueryContext(ctx, q.text, q.args(map[string]any{"ids": ids, "keys": keys, "now": c.nowArg()})...)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		done, waiting, err := scanAckedOrdered(rows)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return done, c.promoteKeys(ctx, ex, waiting)
+		next, err := c.promoteKeys(ctx, ex, waiting, hand)
+		return done, next, err
 	}
 	text, extra := expandPairs(c.dialect, q.text, rs)
 	rows, err := ex.QueryContext(ctx, text, append(q.args(map[string]any{"now": c.nowArg()}), extra...)...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	done, keys, err := scanSettledRows(rows)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return done, c.releaseKeys(ctx, ex, keys)
+	next, err := c.releaseKeysNext(ctx, ex, keys, hand)
+	return done, next, err
+}
+
+// handVals adds to vals the parameters of a hand-over for hand.
+func (c *Core) handVals(vals map[string]any, hand *ClaimRequest) map[string]any {
+	vals["stream"], vals["group"], vals["worker"] = hand.Stream, hand.Group, hand.Worker
+	vals["lease"], vals["max"], vals["limit"] = micros(hand.Lease), hand.MaxAttempts, hand.Limit
+	return vals
+}
+
+// ackNext (PostgreSQL) is ack in one statement that hands the next events
+// of the keys it settles over (ackNext, see Core.AcknowledgeAndClaimNext).
+func (c *Core) ackNext(ctx context.Context, ex Executor, rs []Receipt, hand *ClaimRequest) (map[int64]bool, []Claimed, error) {
+	ids, keys := splitReceipts(inIDOrder(rs))
+	q := c.stmts.ackNext
+	rows, err := ex.QueryContext(ctx, q.text, q.args(c.handVals(map[string]any{"ids": ids, "keys": keys, "now": c.nowArg()}, hand))...)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	done := map[int64]bool{}
+	var next []Claimed
+	for rows.Next() {
+		var handed bool
+		var cl Claimed
+		var md string
+		var expires, created int64
+		if err := rows.Scan(&handed, &cl.ID, &cl.Stream, &cl.Group, &cl.Key, &cl.Kind, &cl.Payload, &md, &cl.Attempts, &cl.ClaimKey, &expires, &created, &cl.OrderingKey, &cl.OrderingSeq); err != nil {
+			return nil, nil, err
+		}
+		if !handed {
+			done[cl.ID] = true
+			continue
+		}
+		if cl.Metadata, err = decodeMetadata(md); err != nil {
+			return nil, nil, err
+		}
+		cl.LeaseExpiresAt, cl.CreatedAt = fromMicros(expires), fromMicros(created)
+		next = append(next, cl)
+	}
+	if err := rowsErr(rows); err != nil {
+		return nil, nil, err
+	}
+	return done, next, rows.Close()
 }
 
 // scanAckedOrdered reads PostgreSQL's ackOrdered: settled ids (id > 0) and
@@ -263,8 +310,15 @@ func scanAckedOrdered(rows Rows) (map[int64]bool, []orderKey, error) {
 // MySQL in READ COMMITTED sees every producer that committed while this
 // transaction waited for the key rows.
 func (c *Core) releaseKeys(ctx context.Context, ex Executor, keys []orderKey) error {
+	_, err := c.releaseKeysNext(ctx, ex, keys, nil)
+	return err
+}
+
+// releaseKeysNext is releaseKeys handing the next events over for hand
+// (see promoteKeys) when it is not nil.
+func (c *Core) releaseKeysNext(ctx context.Context, ex Executor, keys []orderKey, hand *ClaimRequest) ([]Claimed, error) {
 	if len(keys) == 0 {
-		return nil
+		return nil, nil
 	}
 	keys = slices.Clone(keys)
 	slices.SortFunc(keys, compareOrderKeys)
@@ -273,53 +327,166 @@ func (c *Core) releaseKeys(ctx context.Context, ex Executor, keys []orderKey) er
 		streams, groups, okeys := splitKeys(keys)
 		rows, err := ex.QueryContext(ctx, q.text, q.args(map[string]any{"streams": streams, "groups": groups, "okeys": okeys})...)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		var waiting []orderKey
 		for rows.Next() {
 			var k orderKey
 			if err := rows.Scan(&k.stream, &k.group, &k.key); err != nil {
 				rows.Close()
-				return err
+				return nil, err
 			}
 			waiting = append(waiting, k)
 		}
 		if err := rowsErr(rows); err != nil {
 			rows.Close()
-			return err
+			return nil, err
 		}
 		if err := rows.Close(); err != nil {
-			return err
+			return nil, err
 		}
-		return c.promoteKeys(ctx, ex, waiting)
+		return c.promoteKeys(ctx, ex, waiting, hand)
 	}
 	for _, round := range keyRounds(keys) {
 		text, args := expandKeys(c.dialect, q.text, round)
 		if _, err := ex.ExecContext(ctx, text, append(q.args(nil), args...)...); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return c.promoteKeys(ctx, ex, slices.CompactFunc(keys, func(a, b orderKey) bool { return a == b }))
+	return c.promoteKeys(ctx, ex, slices.CompactFunc(keys, func(a, b orderKey) bool { return a == b }), hand)
 }
 
 // promoteKeys makes pending, inside ex (a transaction), the blocked event
 // with the lowest sequence number of each key (sorted, no duplicates) that
-// has one and still counts unsettled events.
-func (c *Core) promoteKeys(ctx context.Context, ex Executor, keys []orderKey) error {
+// has one and still counts unsettled events. With hand set (PostgreSQL and
+// SQLite), those of hand's stream and group that are due and have attempts
+// left are claimed for hand.Worker instead, at most hand.Limit of them, and
+// returned (see Core.AcknowledgeAndClaimNext).
+func (c *Core) promoteKeys(ctx context.Context, ex Executor, keys []orderKey, hand *ClaimRequest) ([]Claimed, error) {
 	if len(keys) == 0 {
-		return nil
+		return nil, nil
 	}
 	vals := map[string]any{"now": c.nowArg()}
 	switch c.dialect {
 	case Postgres:
 		vals["streams"], vals["groups"], vals["okeys"] = splitKeys(keys)
+		if hand != nil {
+			return c.promoteNextPG(ctx, ex, c.handVals(vals, hand))
+		}
 		_, err := ex.ExecContext(ctx, c.stmts.promoteKeys.text, c.stmts.promoteKeys.args(vals)...)
-		return err
+		return nil, err
 	case SQLite:
+		if hand != nil {
+			return c.promoteNextSQLite(ctx, ex, keys, c.handVals(vals, hand))
+		}
 		text, args := expandKeys(c.dialect, c.stmts.promoteKeys.text, keys)
 		_, err := ex.ExecContext(ctx, text, append(c.stmts.promoteKeys.args(vals), args...)...)
-		return err
+		return nil, err
 	}
+	return nil, c.promoteMySQL(ctx, ex, keys, vals)
+}
+
+// promoteNextPG runs promoteNext and reads the events it handed over.
+func (c *Core) promoteNextPG(ctx context.Context, ex Executor, vals map[string]any) ([]Claimed, error) {
+	q := c.stmts.promoteNext
+	rows, err := ex.QueryContext(ctx, q.text, q.args(vals)...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var next []Claimed
+	for rows.Next() {
+		var cl Claimed
+		var md string
+		var expires, created int64
+		if err := rows.Scan(&cl.ID, &cl.Stream, &cl.Group, &cl.Key, &cl.Kind, &cl.Payload, &md, &cl.Attempts, &cl.ClaimKey, &expires, &created, &cl.OrderingKey, &cl.OrderingSeq); err != nil {
+			return nil, err
+		}
+		if cl.Metadata, err = decodeMetadata(md); err != nil {
+			return nil, err
+		}
+		cl.LeaseExpiresAt, cl.CreatedAt = fromMicros(expires), fromMicros(created)
+		next = append(next, cl)
+	}
+	if err := rowsErr(rows); err != nil {
+		return nil, err
+	}
+	return next, rows.Close()
+}
+
+// promoteNextSQLite promotes the next blocked event of each key, handing
+// over those it can: one read finds them, one statement claims those
+// handed over and one makes the others pending (one writer: nothing
+// changes in between).
+func (c *Core) promoteNextSQLite(ctx context.Context, ex Executor, keys []orderKey, vals map[string]any) ([]Claimed, error) {
+	q := c.stmts.nextBlockedDue
+	text, args := expandKeys(c.dialect, q.text, keys)
+	rows, err := ex.QueryContext(ctx, text, append(q.args(vals), args...)...)
+	if err != nil {
+		return nil, err
+	}
+	var handIDs, pendIDs []int64
+	for rows.Next() {
+		var id int64
+		var due bool
+		if err := rows.Scan(&id, &due); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		if due && len(handIDs) < vals["limit"].(int) {
+			handIDs = append(handIDs, id)
+		} else {
+			pendIDs = append(pendIDs, id)
+		}
+	}
+	if err := rowsErr(rows); err != nil {
+		rows.Close()
+		return nil, err
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if len(pendIDs) > 0 {
+		text, args := expandIDs(c.stmts.promoteIDs.text, pendIDs)
+		if _, err := ex.ExecContext(ctx, text, append(c.stmts.promoteIDs.args(vals), args...)...); err != nil {
+			return nil, err
+		}
+	}
+	if len(handIDs) == 0 {
+		return nil, nil
+	}
+	q = c.stmts.handOverIDs
+	text, args = expandIDs(q.text, handIDs)
+	rows, err = ex.QueryContext(ctx, text, append(q.args(vals), args...)...)
+	if err != nil {
+		return nil, err
+	}
+	var next []Claimed
+	var eventIDs []int64
+	for rows.Next() {
+		var cl Claimed
+		var eid, expires int64
+		if err := rows.Scan(&cl.ID, &cl.Stream, &cl.Group, &eid, &cl.Attempts, &cl.ClaimKey, &expires, &cl.OrderingKey, &cl.OrderingSeq); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		cl.LeaseExpiresAt = fromMicros(expires)
+		next = append(next, cl)
+		eventIDs = append(eventIDs, eid)
+	}
+	if err := rowsErr(rows); err != nil {
+		rows.Close()
+		return nil, err
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	return c.withContent(ctx, ex, next, eventIDs)
+}
+
+// promoteMySQL makes pending the next blocked event of each key: a plain
+// read finds them, one statement promotes them in id order.
+func (c *Core) promoteMySQL(ctx context.Context, ex Executor, keys []orderKey, vals map[string]any) error {
 	text, args := expandKeys(c.dialect, c.stmts.nextBlocked.text, keys)
 	rows, err := ex.QueryContext(ctx, text, append(c.stmts.nextBlocked.args(nil), args...)...)
 	if err != nil {
