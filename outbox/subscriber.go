@@ -166,6 +166,12 @@ func defaultWorkerID() string {
 // maps Ack to Acknowledge (batched) and Nack to Fail with Backoff (dead
 // letter at MaxAttempts). Delivery is at least once: a handler must be
 // idempotent, since an event whose lease expires is delivered again.
+//
+// Events with an ordering key are acknowledged with
+// Store.AcknowledgeAndClaimNext (PostgreSQL, SQLite): the write that
+// acknowledges a key's head also claims the key's next event for the
+// subscription, which hands it out without a claim of its own. A
+// subscription that stops releases those it has not handed out.
 type Subscriber struct {
 	store  *Store
 	config SubscriberConfig
@@ -486,11 +492,12 @@ func (sub *subscription) claimLoop() {
 		case len(claimed) == limit:
 			wait = 0 // more may be due right now
 		case sub.orderedAcks.Load() > 0:
-			// Acks of ordered events are being written: each makes
-			// the next event of its key claimable when it commits, and
-			// its writer wakes this loop then (as does an enqueue or a
-			// NOTIFY). Polling meanwhile would mostly find nothing and
-			// slow those very writes down.
+			// Acks of ordered events are being written: each hands the
+			// next event of its key over to this subscription, or (on
+			// MySQL, or when the write fails) makes it claimable when it
+			// commits and its writer wakes this loop then (as does an
+			// enqueue or a NOTIFY). Polling meanwhile would mostly find
+			// nothing and slow those very writes down.
 			wait = sub.cfg.PollInterval
 		case len(claimed) > 0:
 			wait = quick

@@ -33,7 +33,18 @@ import (
 // So a producer either commits before the settler locks the row (the
 // settler then sees and promotes its event) or locks the row after the
 // settler committed (it then sees unsettled 0 and inserts its event
-// pending). Outbox rows are locked before key rows everywhere but in
+// pending).
+//
+// An acknowledgement made with AcknowledgeAndClaimNext (PostgreSQL,
+// SQLite) hands the promoted event over instead: when it belongs to the
+// acknowledging consumer's stream and group, is due and has attempts left,
+// the same statement (PostgreSQL) or transaction (SQLite) claims it for
+// that consumer, as Claim would, rather than making it pending. The key's
+// new head is then claimed from the moment it becomes the head, so at
+// most one event of the key is still claimed or in flight per group, and
+// its lease expiring delivers that same head again. It saves the promoted
+// row a second rewrite and the consumer a claim (and, on PostgreSQL, the
+// NOTIFY that a row becoming pending sends). Outbox rows are locked before key rows everywhere but in
 // Enqueue, which locks only rows it inserts.
 
 // orderKey names one key's state row.
