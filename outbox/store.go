@@ -375,8 +375,7 @@ func (s *Store) AcknowledgeBatch(ctx context.Context, rs []Receipt) ([]Receipt, 
 // over is the key's head, and its claim is an ordinary claim (Acknowledge,
 // Fail, Extend and Release take its receipt; an expired lease delivers it
 // again). Claims returned together with an error are the caller's too:
-// release them or let their leases expire. On MySQL nothing is handed over
-// (the next events become pending).
+// release them or let their leases expire.
 func (s *Store) AcknowledgeAndClaimNext(ctx context.Context, rs []Receipt, req ClaimRequest) ([]Claimed, []Receipt, error) {
 	stale, next, err := s.core.AcknowledgeAndClaimNext(ctx, convert(rs, receiptToCore), sqlcore.ClaimRequest(req))
 	claimed := convert(next, claimedFromCore)

@@ -168,10 +168,10 @@ func defaultWorkerID() string {
 // idempotent, since an event whose lease expires is delivered again.
 //
 // Events with an ordering key are acknowledged with
-// Store.AcknowledgeAndClaimNext (PostgreSQL, SQLite): the write that
-// acknowledges a key's head also claims the key's next event for the
-// subscription, which hands it out without a claim of its own. A
-// subscription that stops releases those it has not handed out.
+// Store.AcknowledgeAndClaimNext: the write that acknowledges a key's head
+// also claims the key's next event for the subscription, which hands it
+// out without a claim of its own. A subscription that stops releases those
+// it has not handed out.
 type Subscriber struct {
 	store  *Store
 	config SubscriberConfig
@@ -271,8 +271,8 @@ type subscription struct {
 	handedReady chan struct{}
 
 	// orderedAcks counts the acks of events with an ordering key that are
-	// queued or being written: each will make its key's next event
-	// claimable when it commits.
+	// queued or being written: each will hand its key's next event over
+	// to this subscription (or make it claimable) when it commits.
 	orderedAcks atomic.Int64
 	// ackMu guards the acknowledger's count of writes under way; ackCond
 	// is signalled when a write ends, or when enough ordered acks queue up
@@ -493,9 +493,8 @@ func (sub *subscription) claimLoop() {
 			wait = 0 // more may be due right now
 		case sub.orderedAcks.Load() > 0:
 			// Acks of ordered events are being written: each hands the
-			// next event of its key over to this subscription, or (on
-			// MySQL, or when the write fails) makes it claimable when it
-			// commits and its writer wakes this loop then (as does an
+			// next event of its key over to this subscription (or, when
+			// the write fails, the writer wakes this loop; as does an
 			// enqueue or a NOTIFY). Polling meanwhile would mostly find
 			// nothing and slow those very writes down.
 			wait = sub.cfg.PollInterval
@@ -1001,7 +1000,7 @@ func (sub *subscription) flushAcks(batch []Receipt) {
 	// The acknowledgement claims the next event of each key it settles
 	// for this subscription (see Store.AcknowledgeAndClaimNext), unless
 	// the subscription is stopping (those would only be released).
-	handOver := ordered > 0 && sub.store.Dialect() != string(sqlcore.MySQL)
+	handOver := ordered > 0
 	select {
 	case <-sub.stop:
 		handOver = false

@@ -341,7 +341,7 @@ func testOrderedConcurrentClaimers(t *testing.T, e *env, handOver bool) {
 		t.Errorf("at most %d keys were in flight at once, want at least %d", maxInFlight, claimers)
 	}
 	t.Logf("at most %d keys in flight at once; %d events handed over by acknowledgements", maxInFlight, handedOver.Load())
-	if handOver && e.db.Dialect != "mysql" && handedOver.Load() == 0 {
+	if handOver && handedOver.Load() == 0 {
 		t.Errorf("no event was handed over")
 	}
 	if n := e.count("SELECT COUNT(*) FROM millpond_ordering WHERE unsettled <> 0"); n != 0 {
@@ -974,9 +974,8 @@ func testOrderingBounds(t *testing.T, e *env) {
 // others become pending. The event handed over is the key's head under an
 // ordinary claim: nothing else of its key is claimable, an expired lease
 // delivers it again (its old receipt is then stale), and acknowledging it
-// hands the next one over. On MySQL nothing is handed over.
+// hands the next one over.
 func testAckHandsOver(t *testing.T, e *env) {
-	mysql := e.db.Dialect == "mysql"
 	for _, k := range []string{"a1", "a2", "a3", "b1", "b2", "c1", "c2", "d1", "d2", "x1", "x2"} {
 		ev := ordered("s", k, k[:1])
 		if k == "b2" {
@@ -1003,9 +1002,6 @@ func testAckHandsOver(t *testing.T, e *env) {
 		for _, c := range next {
 			out[c.Key] = c
 		}
-		if mysql {
-			want = nil
-		}
 		if strings.Join(keysOf(out), ",") != strings.Join(want, ",") {
 			t.Fatalf("handed over %v, want %v", keysOf(out), want)
 		}
@@ -1014,14 +1010,12 @@ func testAckHandsOver(t *testing.T, e *env) {
 
 	// a2 is handed over; b2 is not due yet and becomes pending.
 	next := handOver(req, receipts("a1", "b1"), "a2")
-	if !mysql {
-		a2 := next["a2"]
-		if a2.Attempts != 1 || a2.OrderingKey != "a" || a2.OrderingSeq != 2 || a2.ClaimKey == "" || a2.Reclaimed ||
-			string(a2.Payload) != `{"key":"a2"}` || a2.Kind != "Thing.Happened" || !a2.LeaseExpiresAt.Equal(e.clock.Now().Add(time.Minute)) {
-			t.Fatalf("a2 handed over as %+v", a2)
-		}
-		e.expectRow(a2.ID, "processing", 1)
+	a2 := next["a2"]
+	if a2.Attempts != 1 || a2.OrderingKey != "a" || a2.OrderingSeq != 2 || a2.ClaimKey == "" || a2.Reclaimed ||
+		string(a2.Payload) != `{"key":"a2"}` || a2.Kind != "Thing.Happened" || !a2.LeaseExpiresAt.Equal(e.clock.Now().Add(time.Minute)) {
+		t.Fatalf("a2 handed over as %+v", a2)
 	}
+	e.expectRow(a2.ID, "processing", 1)
 	// At most req.Limit: of c2 and d2, c2 (the lower id) is handed over,
 	// d2 becomes pending.
 	one := req
@@ -1036,12 +1030,8 @@ func testAckHandsOver(t *testing.T, e *env) {
 
 	// What was not handed over is pending, and nothing else of a key with
 	// a claimed head is claimable.
-	if mysql {
-		next = e.expectClaimed(req, "a2", "c2", "d2", "x2")
-	} else {
-		for k, c := range e.expectClaimed(req, "d2", "x2") {
-			next[k] = c
-		}
+	for k, c := range e.expectClaimed(req, "d2", "x2") {
+		next[k] = c
 	}
 	e.clock.Advance(2 * time.Minute)
 	// Leases expired: the same heads are delivered again, and b2 is due.
@@ -1056,9 +1046,6 @@ func testAckHandsOver(t *testing.T, e *env) {
 	}
 	got = again
 	next = handOver(req, receipts("a2"), "a3")
-	if mysql {
-		next = e.expectClaimed(req, "a3")
-	}
 	handOver(req, append(receipts("b2", "c2", "d2", "x2"), next["a3"].Receipt()))
 	e.expectNothingDue(req)
 	if n := e.count("SELECT COUNT(*) FROM millpond_outbox WHERE stream = 's' AND status <> 'delivered'"); n != 0 {

@@ -544,7 +544,7 @@ func (c *Core) AcknowledgeBatch(ctx context.Context, rs []Receipt) (stale []Rece
 // returns with an error are the caller's too (the acknowledgement of some
 // receipts committed, and handed them over, before the error). The next events
 // of other keys (not due, other groups, beyond the limit) become pending as
-// with AcknowledgeBatch. On MySQL nothing is handed over.
+// with AcknowledgeBatch.
 func (c *Core) AcknowledgeAndClaimNext(ctx context.Context, rs []Receipt, req ClaimRequest) ([]Receipt, []Claimed, error) {
 	if err := req.Validate(); err != nil {
 		return nil, nil, err
@@ -563,7 +563,7 @@ func (c *Core) acknowledge(ctx context.Context, rs []Receipt, hand *ClaimRequest
 	if c.dialect == MySQL {
 		err = c.inTxRetry(ctx, "acknowledge", &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
 			var err error
-			settled, err = c.ack(ctx, tx, rs)
+			settled, next, err = c.ackMySQL(ctx, tx, rs, hand)
 			return err
 		})
 	} else {
@@ -674,21 +674,29 @@ func (c *Core) ack(ctx context.Context, ex Executor, rs []Receipt) (map[int64]bo
 		text, extra := expandPairs(c.dialect, c.stmts.ack.text, rs)
 		return c.queryIDs(ctx, ex, text, append(c.stmts.ack.args(map[string]any{"now": c.nowArg()}), extra...))
 	}
+	live, _, err := c.ackMySQL(ctx, ex, rs, nil)
+	return live, err
+}
+
+// ackMySQL is ack on MySQL (rs in id order), handing the next events of
+// the keys it settles over for hand when it is not nil.
+func (c *Core) ackMySQL(ctx context.Context, ex Executor, rs []Receipt, hand *ClaimRequest) (map[int64]bool, []Claimed, error) {
 	text, extra := expandPairs(c.dialect, c.stmts.ack.text, rs)
 	rows, err := ex.QueryContext(ctx, text, append(c.stmts.ack.args(map[string]any{"now": c.nowArg()}), extra...)...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	live, keys, err := scanSettledRows(rows)
 	if err != nil || len(live) == 0 {
-		return live, err
+		return live, nil, err
 	}
 	ids := slices.Sorted(maps.Keys(live))
 	text, extra = expandIDs(c.stmts.ackMark.text, ids)
 	if _, err = ex.ExecContext(ctx, text, append(c.stmts.ackMark.args(map[string]any{"now": c.nowArg()}), extra...)...); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return live, c.releaseKeys(ctx, ex, keys)
+	next, err := c.releaseKeysNext(ctx, ex, keys, hand)
+	return live, next, err
 }
 
 // inIDOrder returns the receipts sorted by event id (a copy; rs is left as

@@ -35,10 +35,10 @@ import (
 // settler committed (it then sees unsettled 0 and inserts its event
 // pending).
 //
-// An acknowledgement made with AcknowledgeAndClaimNext (PostgreSQL,
-// SQLite) hands the promoted event over instead: when it belongs to the
-// acknowledging consumer's stream and group, is due and has attempts left,
-// the same statement (PostgreSQL) or transaction (SQLite) claims it for
+// An acknowledgement made with AcknowledgeAndClaimNext hands the promoted
+// event over instead: when it belongs to the acknowledging consumer's
+// stream and group, is due and has attempts left, the same statement
+// (PostgreSQL) or transaction (MySQL, SQLite) claims it for
 // that consumer, as Claim would, rather than making it pending. The key's
 // new head is then claimed from the moment it becomes the head, so at
 // most one event of the key is still claimed or in flight per group, and
@@ -369,10 +369,10 @@ func (c *Core) releaseKeysNext(ctx context.Context, ex Executor, keys []orderKey
 
 // promoteKeys makes pending, inside ex (a transaction), the blocked event
 // with the lowest sequence number of each key (sorted, no duplicates) that
-// has one and still counts unsettled events. With hand set (PostgreSQL and
-// SQLite), those of hand's stream and group that are due and have attempts
-// left are claimed for hand.Worker instead, at most hand.Limit of them, and
-// returned (see Core.AcknowledgeAndClaimNext).
+// has one and still counts unsettled events. With hand set, those of
+// hand's stream and group that are due and have attempts left are claimed
+// for hand.Worker instead, at most hand.Limit of them, and returned (see
+// Core.AcknowledgeAndClaimNext).
 func (c *Core) promoteKeys(ctx context.Context, ex Executor, keys []orderKey, hand *ClaimRequest) ([]Claimed, error) {
 	if len(keys) == 0 {
 		return nil, nil
@@ -394,7 +394,7 @@ func (c *Core) promoteKeys(ctx context.Context, ex Executor, keys []orderKey, ha
 		_, err := ex.ExecContext(ctx, text, append(c.stmts.promoteKeys.args(vals), args...)...)
 		return nil, err
 	}
-	return nil, c.promoteMySQL(ctx, ex, keys, vals)
+	return c.promoteMySQL(ctx, ex, keys, vals, hand)
 }
 
 // promoteNextPG runs promoteNext and reads the events it handed over.
@@ -496,19 +496,99 @@ func (c *Core) promoteNextSQLite(ctx context.Context, ex Executor, keys []orderK
 }
 
 // promoteMySQL makes pending the next blocked event of each key: a plain
-// read finds them, one statement promotes them in id order.
-func (c *Core) promoteMySQL(ctx context.Context, ex Executor, keys []orderKey, vals map[string]any) error {
+// read finds them, one statement promotes them in id order. With hand set,
+// a locking read (in id order) takes them first, and those it can hand
+// over are claimed as claimMySQL claims (a key derived from one secret, the
+// lease from the database clock).
+func (c *Core) promoteMySQL(ctx context.Context, ex Executor, keys []orderKey, vals map[string]any, hand *ClaimRequest) ([]Claimed, error) {
+	ids, err := c.nextBlockedMySQL(ctx, ex, keys)
+	if err != nil || len(ids) == 0 {
+		return nil, err
+	}
+	slices.Sort(ids)
+	var next []Claimed
+	var eventIDs []int64
+	if hand != nil {
+		text, args := expandIDs(c.stmts.lockBlocked.text, ids)
+		rows, err := ex.QueryContext(ctx, text, append(c.stmts.lockBlocked.args(nil), args...)...)
+		if err != nil {
+			return nil, err
+		}
+		var candidates []Claimed
+		var candidateEvents, availableAts []int64
+		for rows.Next() {
+			var cl Claimed
+			var eid, availableAt int64
+			if err := rows.Scan(&cl.ID, &cl.Stream, &cl.Group, &eid, &cl.Attempts, &cl.ClaimKey, &availableAt, &cl.OrderingKey, &cl.OrderingSeq); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			candidates = append(candidates, cl)
+			candidateEvents = append(candidateEvents, eid)
+			availableAts = append(availableAts, availableAt)
+		}
+		if err := rowsErr(rows); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		if err := rows.Close(); err != nil {
+			return nil, err
+		}
+		now, err := c.resolveNow(ctx, ex)
+		if err != nil {
+			return nil, err
+		}
+		ids = ids[:0]
+		for i, cl := range candidates {
+			if cl.Stream == hand.Stream && cl.Group == hand.Group && availableAts[i] <= now &&
+				cl.Attempts < hand.MaxAttempts && len(next) < hand.Limit {
+				next = append(next, cl)
+				eventIDs = append(eventIDs, candidateEvents[i])
+			} else {
+				ids = append(ids, cl.ID)
+			}
+		}
+		if len(next) > 0 {
+			expires := now + micros(hand.Lease)
+			secret := newClaimKey()
+			handIDs := make([]int64, len(next))
+			for i := range next {
+				next[i].ClaimKey = derivedClaimKey(secret, next[i].ID)
+				next[i].Attempts++
+				next[i].LeaseExpiresAt = fromMicros(expires)
+				handIDs[i] = next[i].ID
+			}
+			text, idArgs := expandIDs(c.stmts.claimUpdate, handIDs)
+			if _, err := ex.ExecContext(ctx, text, append([]any{hand.Worker, expires, secret}, idArgs...)...); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if len(ids) > 0 {
+		text, args := expandIDs(c.stmts.promoteIDs.text, ids)
+		if _, err := ex.ExecContext(ctx, text, append(c.stmts.promoteIDs.args(vals), args...)...); err != nil {
+			return nil, err
+		}
+	}
+	if len(next) == 0 {
+		return nil, nil
+	}
+	return c.withContent(ctx, ex, next, eventIDs)
+}
+
+// nextBlockedMySQL reads the next blocked event of each key.
+func (c *Core) nextBlockedMySQL(ctx context.Context, ex Executor, keys []orderKey) ([]int64, error) {
 	text, args := expandKeys(c.dialect, c.stmts.nextBlocked.text, keys)
 	rows, err := ex.QueryContext(ctx, text, append(c.stmts.nextBlocked.args(nil), args...)...)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var ids []int64
 	for rows.Next() {
 		var id sql.NullInt64
 		if err := rows.Scan(&id); err != nil {
 			rows.Close()
-			return err
+			return nil, err
 		}
 		if id.Valid {
 			ids = append(ids, id.Int64)
@@ -516,18 +596,9 @@ func (c *Core) promoteMySQL(ctx context.Context, ex Executor, keys []orderKey, v
 	}
 	if err := rowsErr(rows); err != nil {
 		rows.Close()
-		return err
+		return nil, err
 	}
-	if err := rows.Close(); err != nil {
-		return err
-	}
-	if len(ids) == 0 {
-		return nil
-	}
-	slices.Sort(ids)
-	text, args = expandIDs(c.stmts.promoteIDs.text, ids)
-	_, err = ex.ExecContext(ctx, text, append(c.stmts.promoteIDs.args(vals), args...)...)
-	return err
+	return ids, rows.Close()
 }
 
 // keyRounds splits sorted keys into rounds without duplicates: a key listed

@@ -67,6 +67,7 @@ type statements struct {
 	promoteNext          query // PostgreSQL: promoteKeys, handing the next events over
 	nextBlockedDue       query // SQLite: the next blocked event of each key, and whether it can be handed over ({keys})
 	handOverIDs          query // SQLite: claim the next events handed over ({ids})
+	lockBlocked          query // MySQL: lock the next events to hand over ({ids})
 	nextBlocked          query // MySQL: the next blocked event of each key ({keys})
 	promoteIDs           query // MySQL, SQLite: make those pending ({ids})
 	keyUnsettled         query // MySQL: what rejoinKey wrote
@@ -582,6 +583,12 @@ FROM millpond_ordering k WHERE k.unsettled > 0 AND {keys}`)
 		s.promoteIDs = c(`UPDATE millpond_deliveries SET status = 'pending', available_at = GREATEST(available_at, @now)
 WHERE status = 'blocked' AND id IN ({ids})
 ORDER BY id`)
+		// Handing over: lock the next events (found by nextBlocked) in id
+		// order, as promoteIDs would, and read what a claim returns.
+		s.lockBlocked = c(`SELECT ` + claimRowColumns + ` FROM millpond_deliveries
+WHERE status = 'blocked' AND id IN ({ids})
+ORDER BY id
+FOR UPDATE`)
 		s.bumpKey = c(`INSERT INTO millpond_ordering (stream, consumer_group, ordering_key, last_seq, unsettled)
 VALUES (@stream, @group, @okey, 1, 1)
 ON DUPLICATE KEY UPDATE last_seq = last_seq + 1, unsettled = unsettled + 1`)
