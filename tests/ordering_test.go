@@ -187,14 +187,17 @@ func (e *env) expectClaimed(req outbox.ClaimRequest, want ...string) map[string]
 
 // testOrderedConcurrentClaimers: 8 claimers over 200 keys × 50 events.
 // With handOver, half of them acknowledge with AcknowledgeAndClaimNext and
-// handle the events it hands over before claiming again.
+// handle the events it hands over before claiming again, over 100 keys ×
+// 30 events (the suite runs both at once).
 func testOrderedConcurrentClaimers(t *testing.T, e *env, handOver bool) {
 	const (
-		keys     = 200
-		perKey   = 50
 		claimers = 8
 		batch    = 25
 	)
+	keys, perKey := 200, 50
+	if handOver {
+		keys, perKey = 100, 30
+	}
 	// Events are enqueued in a shuffled order of keys (each key 50 times),
 	// in transactions of 500: a key's events are sometimes adjacent, often
 	// far apart, so a claim that ignored keys would hand out several
@@ -251,7 +254,7 @@ func testOrderedConcurrentClaimers(t *testing.T, e *env, handOver bool) {
 		wg.Go(func() {
 			req := outbox.ClaimRequest{Stream: "ord", Worker: fmt.Sprintf("w%d", w), Limit: batch, Lease: time.Minute, MaxAttempts: 3}
 			var carry []outbox.Claimed // handed over by the last acknowledgement
-			for acked.Load() < keys*perKey {
+			for acked.Load() < int64(keys*perKey) {
 				if ctx.Err() != nil {
 					fail(fmt.Errorf("worker %d: timed out with %d acknowledged", w, acked.Load()))
 					return
