@@ -59,7 +59,7 @@ func init() {
 			label: fmt.Sprintf("millpond, bare Subscriber, ordering keys over %d keys (batch 1000, 8 in flight)", keys),
 			notes: fmt.Sprintf("as millpond, every event with an ordering key, the n-th event's key being n mod %d: "+
 				"each key's events are handed out one at a time, in commit order; the Subscriber writes their acks in batches of at most 128, "+
-				"two statements at a time, and claims again as soon as one commits (the next events of those keys became claimable)", keys),
+				"two statements at a time, each claiming the next events of its keys for the Subscriber (Store.AcknowledgeAndClaimNext)", keys),
 			order:    5 + i,
 			dialects: allDialects,
 			extra:    true,

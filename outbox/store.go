@@ -361,6 +361,30 @@ func (s *Store) AcknowledgeBatch(ctx context.Context, rs []Receipt) ([]Receipt, 
 	return convert(stale, receiptFromCore), nil
 }
 
+// AcknowledgeAndClaimNext is AcknowledgeBatch for a consumer of events
+// with ordering keys: when it settles the head of an ordering key of
+// req.Stream and req.Group, and the key's next event is due and has
+// attempts left, it claims that event for req.Worker under req.Lease (a
+// fresh claim key, one more attempt), in the same transaction that makes it
+// the key's head, instead of leaving it pending for a later Claim: one row
+// write and one claim less per event. At most req.Limit events are handed
+// over; the rest become pending as with AcknowledgeBatch. It returns the
+// claimed events, content included, and the stale receipts.
+//
+// Each key still has at most one event claimed per group: the one handed
+// over is the key's head, and its claim is an ordinary claim (Acknowledge,
+// Fail, Extend and Release take its receipt; an expired lease delivers it
+// again). Claims returned together with an error are the caller's too:
+// release them or let their leases expire.
+func (s *Store) AcknowledgeAndClaimNext(ctx context.Context, rs []Receipt, req ClaimRequest) ([]Claimed, []Receipt, error) {
+	stale, next, err := s.core.AcknowledgeAndClaimNext(ctx, convert(rs, receiptToCore), sqlcore.ClaimRequest(req))
+	claimed := convert(next, claimedFromCore)
+	if err != nil {
+		return claimed, nil, fmt.Errorf("outbox: acknowledge %d events: %w", len(rs), err)
+	}
+	return claimed, convert(stale, receiptFromCore), nil
+}
+
 // AcknowledgeInTx marks claimed events delivered inside the caller's open
 // transaction tx (SQLTx or PgxTx), so a handler's own writes and the
 // acknowledgement commit together or not at all: if tx rolls back, the

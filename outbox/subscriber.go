@@ -166,6 +166,12 @@ func defaultWorkerID() string {
 // maps Ack to Acknowledge (batched) and Nack to Fail with Backoff (dead
 // letter at MaxAttempts). Delivery is at least once: a handler must be
 // idempotent, since an event whose lease expires is delivered again.
+//
+// Events with an ordering key are acknowledged with
+// Store.AcknowledgeAndClaimNext: the write that acknowledges a key's head
+// also claims the key's next event for the subscription, which hands it
+// out without a claim of its own. A subscription that stops releases those
+// it has not handed out.
 type Subscriber struct {
 	store  *Store
 	config SubscriberConfig
@@ -246,7 +252,7 @@ type subscription struct {
 	stop   chan struct{}   // closed when the subscription must stop claiming
 	out    chan *message.Message
 	queue  chan Claimed  // claimed, not yet handed out
-	taken  chan struct{} // a dispatcher took from queue
+	taken  chan struct{} // a dispatcher took from queue or handed
 	acks   chan Receipt
 	logger watermill.LoggerAdapter
 
@@ -256,9 +262,17 @@ type subscription struct {
 	kinds   map[int64]string     // the kind of each held event, for metrics
 	ordered map[int64]bool       // held events with an ordering key
 
+	// handed holds the events that acknowledgements claimed for this
+	// subscription (the next events of the keys they settled, see
+	// Store.AcknowledgeAndClaimNext), not yet handed out; handedReady
+	// (capacity 1) tells the dispatchers there are some.
+	handedMu    sync.Mutex
+	handed      []Claimed
+	handedReady chan struct{}
+
 	// orderedAcks counts the acks of events with an ordering key that are
-	// queued or being written: each will make its key's next event
-	// claimable when it commits.
+	// queued or being written: each will hand its key's next event over
+	// to this subscription (or make it claimable) when it commits.
 	orderedAcks atomic.Int64
 	// ackMu guards the acknowledger's count of writes under way; ackCond
 	// is signalled when a write ends, or when enough ordered acks queue up
@@ -332,6 +346,8 @@ func newSubscription(ctx context.Context, s *Subscriber, topic string) *subscrip
 		kinds:   map[int64]string{},
 		tel:     s.store.tel.forSubscription(topic, s.config.ConsumerGroup),
 		ordered: map[int64]bool{},
+
+		handedReady: make(chan struct{}, 1),
 	}
 	sub.ackCond = sync.NewCond(&sub.ackMu)
 	return sub
@@ -367,6 +383,8 @@ func (sub *subscription) run() {
 	sub.releaseQueued()
 	close(sub.acks)
 	<-ackDone
+	// The last acks may have handed events over: release them too.
+	sub.releaseQueued()
 	close(extendStop)
 	background.Wait()
 	close(sub.out)
@@ -399,7 +417,10 @@ func (sub *subscription) claimLoop() {
 		MaxInterval:         5 * time.Second,
 	}
 	for {
-		room := cap(sub.queue) - len(sub.queue)
+		// Events handed over by acknowledgements take room too: the
+		// subscription holds at most a queue's worth of undispatched
+		// events.
+		room := cap(sub.queue) - len(sub.queue) - sub.handedLen()
 		if room < max(1, cap(sub.queue)/4) {
 			select {
 			case <-sub.stop:
@@ -471,11 +492,11 @@ func (sub *subscription) claimLoop() {
 		case len(claimed) == limit:
 			wait = 0 // more may be due right now
 		case sub.orderedAcks.Load() > 0:
-			// Acks of ordered events are being written: each makes
-			// the next event of its key claimable when it commits, and
-			// its writer wakes this loop then (as does an enqueue or a
-			// NOTIFY). Polling meanwhile would mostly find nothing and
-			// slow those very writes down.
+			// Acks of ordered events are being written: each hands the
+			// next event of its key over to this subscription (or, when
+			// the write fails, the writer wakes this loop; as does an
+			// enqueue or a NOTIFY). Polling meanwhile would mostly find
+			// nothing and slow those very writes down.
 			wait = sub.cfg.PollInterval
 		case len(claimed) > 0:
 			wait = quick
@@ -527,11 +548,19 @@ func (sub *subscription) dispatchLoop() {
 			return
 		default:
 		}
-		var c Claimed
-		select {
-		case <-sub.stop:
-			return
-		case c = <-sub.queue:
+		// Events handed over by acknowledgements first: they are the
+		// heads of keys this subscription has just worked on.
+		c, ok := sub.popHanded()
+		if !ok {
+			select {
+			case <-sub.stop:
+				return
+			case c = <-sub.queue:
+			case <-sub.handedReady:
+				if c, ok = sub.popHanded(); !ok {
+					continue
+				}
+			}
 		}
 		select {
 		case sub.taken <- struct{}{}:
@@ -767,9 +796,82 @@ func (sub *subscription) release(rs ...Receipt) {
 	}
 }
 
+// adopt records claims the subscription got other than from its claimer
+// (handed over by an acknowledgement) and queues them for the
+// dispatchers, or releases them when the subscription is stopping.
+func (sub *subscription) adopt(cs []Claimed) {
+	if len(cs) == 0 {
+		return
+	}
+	sub.tel.claimed(sub.ctx, cs)
+	sub.mu.Lock()
+	for _, c := range cs {
+		sub.held[c.ID] = c.Receipt()
+		sub.kinds[c.ID] = c.Kind
+		if c.OrderingKey != "" {
+			sub.ordered[c.ID] = true
+		}
+	}
+	sub.mu.Unlock()
+	select {
+	case <-sub.stop:
+		rs := make([]Receipt, len(cs))
+		for i, c := range cs {
+			rs[i] = c.Receipt()
+		}
+		sub.release(rs...)
+		return
+	default:
+	}
+	sub.handedMu.Lock()
+	sub.handed = append(sub.handed, cs...)
+	sub.handedMu.Unlock()
+	select {
+	case sub.handedReady <- struct{}{}:
+	default:
+	}
+}
+
+// popHanded takes the oldest event handed over, if any; when more remain
+// it passes the signal on to another dispatcher.
+func (sub *subscription) popHanded() (Claimed, bool) {
+	sub.handedMu.Lock()
+	if len(sub.handed) == 0 {
+		sub.handedMu.Unlock()
+		return Claimed{}, false
+	}
+	c := sub.handed[0]
+	sub.handed[0] = Claimed{}
+	sub.handed = sub.handed[1:]
+	more := len(sub.handed) > 0
+	if !more {
+		sub.handed = nil
+	}
+	sub.handedMu.Unlock()
+	if more {
+		select {
+		case sub.handedReady <- struct{}{}:
+		default:
+		}
+	}
+	return c, true
+}
+
+func (sub *subscription) handedLen() int {
+	sub.handedMu.Lock()
+	defer sub.handedMu.Unlock()
+	return len(sub.handed)
+}
+
 // releaseQueued hands back everything claimed but never handed out.
 func (sub *subscription) releaseQueued() {
-	var rs []Receipt
+	sub.handedMu.Lock()
+	rs := make([]Receipt, 0, len(sub.handed))
+	for _, c := range sub.handed {
+		rs = append(rs, c.Receipt())
+	}
+	sub.handed = nil
+	sub.handedMu.Unlock()
 	for {
 		select {
 		case c := <-sub.queue:
@@ -895,22 +997,50 @@ func (sub *subscription) flushAcks(batch []Receipt) {
 		}
 	}
 	sub.mu.Unlock()
+	// The acknowledgement claims the next event of each key it settles
+	// for this subscription (see Store.AcknowledgeAndClaimNext), unless
+	// the subscription is stopping (those would only be released).
+	handOver := ordered > 0
+	select {
+	case <-sub.stop:
+		handOver = false
+	default:
+	}
 	if ordered > 0 {
-		// Whether the write succeeds or not, wake the claimer, which
-		// waits for these acks rather than polling (see claimLoop).
+		// The claimer waits for these acks rather than polling (see
+		// claimLoop): wake it when they are written, whether or not the
+		// write succeeds, unless the write handed the keys' next events
+		// over (a claim would find nothing more).
+		wake := true
 		defer func() {
 			sub.orderedAcks.Add(-int64(ordered))
-			sub.store.wake.notifyGroup(sub.topic, sub.cfg.ConsumerGroup)
+			if wake {
+				sub.store.wake.notifyGroup(sub.topic, sub.cfg.ConsumerGroup)
+			}
 		}()
+		defer func() { wake = !handOver }()
 	}
 	var stale []Receipt
 	err := retry(nil, sub.cfg.Lease/2, func() error {
 		var err error
 		ctx, cancel := sub.opCtx()
 		defer cancel()
-		stale, err = sub.store.AcknowledgeBatch(ctx, batch)
+		if !handOver {
+			stale, err = sub.store.AcknowledgeBatch(ctx, batch)
+			return err
+		}
+		var next []Claimed
+		next, stale, err = sub.store.AcknowledgeAndClaimNext(ctx, batch, ClaimRequest{
+			Stream: sub.topic, Group: sub.cfg.ConsumerGroup, Worker: sub.cfg.Worker,
+			Limit: len(batch), Lease: sub.cfg.Lease, MaxAttempts: sub.cfg.MaxAttempts,
+			DeadLetterPolicy: sub.cfg.DeadLetterPolicy,
+		})
+		sub.adopt(next)
 		return err
 	})
+	if err != nil {
+		handOver = false
+	}
 	if err != nil {
 		sub.logger.Error("Could not record acks; the events will be delivered again after their leases expire", err, watermill.LogFields{"events": len(batch)})
 		return

@@ -37,7 +37,9 @@ func TestOrdering(t *testing.T) {
 }
 
 var orderingCases = []conformanceCase{
-	{name: "ConcurrentClaimersKeepEachKeyInSequence", dbClock: true, run: testOrderedConcurrentClaimers},
+	{name: "ConcurrentClaimersKeepEachKeyInSequence", dbClock: true, run: func(t *testing.T, e *env) { testOrderedConcurrentClaimers(t, e, false) }},
+	{name: "ConcurrentClaimersHandingOverKeepEachKeyInSequence", dbClock: true, run: func(t *testing.T, e *env) { testOrderedConcurrentClaimers(t, e, true) }},
+	{name: "AckHandsTheNextEventOver", run: testAckHandsOver},
 	{name: "FailingHeadHoldsOnlyItsKey", run: testFailingHeadHoldsOnlyItsKey},
 	{name: "DeadHeadHoldAndRequeue", run: testDeadHeadHold},
 	{name: "DeadHeadSkipAndRequeue", run: testDeadHeadSkip},
@@ -183,13 +185,19 @@ func (e *env) expectClaimed(req outbox.ClaimRequest, want ...string) map[string]
 	return got
 }
 
-func testOrderedConcurrentClaimers(t *testing.T, e *env) {
+// testOrderedConcurrentClaimers: 8 claimers over 200 keys × 50 events.
+// With handOver, half of them acknowledge with AcknowledgeAndClaimNext and
+// handle the events it hands over before claiming again, over 100 keys ×
+// 30 events (the suite runs both at once).
+func testOrderedConcurrentClaimers(t *testing.T, e *env, handOver bool) {
 	const (
-		keys     = 200
-		perKey   = 50
 		claimers = 8
 		batch    = 25
 	)
+	keys, perKey := 200, 50
+	if handOver {
+		keys, perKey = 100, 30
+	}
 	// Events are enqueued in a shuffled order of keys (each key 50 times),
 	// in transactions of 500: a key's events are sometimes adjacent, often
 	// far apart, so a claim that ignored keys would hand out several
@@ -230,6 +238,7 @@ func testOrderedConcurrentClaimers(t *testing.T, e *env) {
 		delivered   = map[string]int{}
 		maxInFlight int
 		acked       atomic.Int64
+		handedOver  atomic.Int64
 		errs        = make(chan error, claimers*4)
 		wg          sync.WaitGroup
 	)
@@ -244,12 +253,17 @@ func testOrderedConcurrentClaimers(t *testing.T, e *env) {
 	for w := range claimers {
 		wg.Go(func() {
 			req := outbox.ClaimRequest{Stream: "ord", Worker: fmt.Sprintf("w%d", w), Limit: batch, Lease: time.Minute, MaxAttempts: 3}
-			for acked.Load() < keys*perKey {
+			var carry []outbox.Claimed // handed over by the last acknowledgement
+			for acked.Load() < int64(keys*perKey) {
 				if ctx.Err() != nil {
 					fail(fmt.Errorf("worker %d: timed out with %d acknowledged", w, acked.Load()))
 					return
 				}
-				got, err := e.s.Claim(ctx, req)
+				got, err := carry, error(nil)
+				if carry == nil {
+					got, err = e.s.Claim(ctx, req)
+				}
+				carry = nil
 				if err != nil {
 					fail(fmt.Errorf("worker %d claim: %w", w, err))
 					return
@@ -288,7 +302,13 @@ func testOrderedConcurrentClaimers(t *testing.T, e *env) {
 					rs[i] = c.Receipt()
 				}
 				mu.Unlock()
-				stale, err := e.s.AcknowledgeBatch(ctx, rs)
+				var stale []outbox.Receipt
+				if handOver && w%2 == 1 {
+					carry, stale, err = e.s.AcknowledgeAndClaimNext(ctx, rs, req)
+					handedOver.Add(int64(len(carry)))
+				} else {
+					stale, err = e.s.AcknowledgeBatch(ctx, rs)
+				}
 				if err != nil {
 					fail(fmt.Errorf("worker %d ack: %w", w, err))
 					return
@@ -323,7 +343,10 @@ func testOrderedConcurrentClaimers(t *testing.T, e *env) {
 	if maxInFlight < claimers {
 		t.Errorf("at most %d keys were in flight at once, want at least %d", maxInFlight, claimers)
 	}
-	t.Logf("at most %d keys in flight at once", maxInFlight)
+	t.Logf("at most %d keys in flight at once; %d events handed over by acknowledgements", maxInFlight, handedOver.Load())
+	if handOver && handedOver.Load() == 0 {
+		t.Errorf("no event was handed over")
+	}
 	if n := e.count("SELECT COUNT(*) FROM millpond_ordering WHERE unsettled <> 0"); n != 0 {
 		t.Errorf("%d keys still count unsettled events", n)
 	}
@@ -945,5 +968,93 @@ func testOrderingBounds(t *testing.T, e *env) {
 	}
 	if _, err := e.s.Claim(e.ctx, outbox.ClaimRequest{Stream: "s", Worker: "w", Limit: 1, Lease: time.Minute, MaxAttempts: 1, DeadLetterPolicy: 7}); !errors.Is(err, outbox.ErrInvalidPolicy) {
 		t.Fatalf("claim with policy 7: %v", err)
+	}
+}
+
+// testAckHandsOver: AcknowledgeAndClaimNext claims, for the acknowledging
+// consumer, the next event of each key whose head it settles, when that
+// event is due and of the request's group, at most req.Limit of them; the
+// others become pending. The event handed over is the key's head under an
+// ordinary claim: nothing else of its key is claimable, an expired lease
+// delivers it again (its old receipt is then stale), and acknowledging it
+// hands the next one over.
+func testAckHandsOver(t *testing.T, e *env) {
+	for _, k := range []string{"a1", "a2", "a3", "b1", "b2", "c1", "c2", "d1", "d2", "x1", "x2"} {
+		ev := ordered("s", k, k[:1])
+		if k == "b2" {
+			ev.Delay = time.Minute // not due when b1 is acknowledged
+		}
+		e.enqueue(ev)
+	}
+	req := claimReq("s", 100, time.Minute, 3)
+	got := e.expectClaimed(req, "a1", "b1", "c1", "d1", "x1")
+	receipts := func(keys ...string) []outbox.Receipt {
+		var rs []outbox.Receipt
+		for _, k := range keys {
+			rs = append(rs, got[k].Receipt())
+		}
+		return rs
+	}
+	handOver := func(r outbox.ClaimRequest, rs []outbox.Receipt, want ...string) map[string]outbox.Claimed {
+		t.Helper()
+		next, stale, err := e.s.AcknowledgeAndClaimNext(e.ctx, rs, r)
+		if err != nil || len(stale) != 0 {
+			t.Fatalf("acknowledge and claim next: stale %v, %v", stale, err)
+		}
+		out := map[string]outbox.Claimed{}
+		for _, c := range next {
+			out[c.Key] = c
+		}
+		if strings.Join(keysOf(out), ",") != strings.Join(want, ",") {
+			t.Fatalf("handed over %v, want %v", keysOf(out), want)
+		}
+		return out
+	}
+
+	// a2 is handed over; b2 is not due yet and becomes pending.
+	next := handOver(req, receipts("a1", "b1"), "a2")
+	a2 := next["a2"]
+	if a2.Attempts != 1 || a2.OrderingKey != "a" || a2.OrderingSeq != 2 || a2.ClaimKey == "" || a2.Reclaimed ||
+		string(a2.Payload) != `{"key":"a2"}` || a2.Kind != "Thing.Happened" || !a2.LeaseExpiresAt.Equal(e.clock.Now().Add(time.Minute)) {
+		t.Fatalf("a2 handed over as %+v", a2)
+	}
+	e.expectRow(a2.ID, "processing", 1)
+	// At most req.Limit: of c2 and d2, c2 (the lower id) is handed over,
+	// d2 becomes pending.
+	one := req
+	one.Limit = 1
+	for k, c := range handOver(one, receipts("c1", "d1"), "c2") {
+		next[k] = c
+	}
+	// Another group's request hands nothing of this group over.
+	other := req
+	other.Group = "g"
+	handOver(other, receipts("x1"))
+
+	// What was not handed over is pending, and nothing else of a key with
+	// a claimed head is claimable.
+	for k, c := range e.expectClaimed(req, "d2", "x2") {
+		next[k] = c
+	}
+	e.clock.Advance(2 * time.Minute)
+	// Leases expired: the same heads are delivered again, and b2 is due.
+	again := e.expectClaimed(req, "a2", "b2", "c2", "d2", "x2")
+	if !again["a2"].Reclaimed || again["a2"].Attempts != 2 {
+		t.Fatalf("a2 claimed again as %+v", again["a2"])
+	}
+	// The receipt of the expired hand-over is stale and hands nothing over.
+	stale, err := e.s.AcknowledgeBatch(e.ctx, []outbox.Receipt{next["a2"].Receipt()})
+	if err != nil || len(stale) != 1 {
+		t.Fatalf("acknowledge an expired hand-over: stale %v, %v", stale, err)
+	}
+	got = again
+	next = handOver(req, receipts("a2"), "a3")
+	handOver(req, append(receipts("b2", "c2", "d2", "x2"), next["a3"].Receipt()))
+	e.expectNothingDue(req)
+	if n := e.count("SELECT COUNT(*) FROM millpond_outbox WHERE stream = 's' AND status <> 'delivered'"); n != 0 {
+		t.Fatalf("%d events not delivered", n)
+	}
+	if n := e.count("SELECT COUNT(*) FROM millpond_ordering WHERE unsettled <> 0"); n != 0 {
+		t.Fatalf("%d keys still count unsettled events", n)
 	}
 }

@@ -32,6 +32,7 @@ func TestSubscriberOrderedPipeline(t *testing.T) {
 				{"ManyKeysDeliverInOrderWithoutPolling", testOrderedPipelineWithoutPolling},
 				{"AckInTheHandlersTransactionWakes", func(t *testing.T, e *env) { testOrderedSettleWakes(t, e, "in-tx") }},
 				{"SkippedDeadLetterWakes", func(t *testing.T, e *env) { testOrderedSettleWakes(t, e, "skip") }},
+				{"ClosingReleasesHandedOverEvents", testCloseReleasesHandedOver},
 			} {
 				t.Run(c.name, func(t *testing.T) {
 					t.Parallel()
@@ -199,4 +200,64 @@ func testOrderedSettleWakes(t *testing.T, e *env, how string) {
 	case <-time.After(10 * time.Second):
 		t.Fatalf("the next event of the key was not delivered (%s)", how)
 	}
+}
+
+// testCloseReleasesHandedOver: an ack hands the next event of its key over
+// to the subscriber (Store.AcknowledgeAndClaimNext) while its one
+// dispatcher is busy with another message; Close releases the event handed
+// over (pending again, its attempt refunded) rather than leaving it claimed
+// until its lease expires.
+func testCloseReleasesHandedOver(t *testing.T, e *env) {
+	for _, k := range []string{"a1", "a2"} {
+		e.enqueue(ordered("c", k, "a"))
+	}
+	e.enqueue(ordered("c", "b1", "b"))
+	sub, err := outbox.NewSubscriber(e.s, outbox.SubscriberConfig{
+		PollInterval: 30 * time.Second, MaxInFlight: 1, BatchSize: 10, CloseTimeout: 200 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	msgs, err := sub.Subscribe(context.Background(), "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	receive := func() *message.Message {
+		t.Helper()
+		select {
+		case msg := <-msgs:
+			return msg
+		case <-time.After(10 * time.Second):
+			t.Fatal("no message")
+			return nil
+		}
+	}
+	first := receive()
+	if first.Metadata.Get(outbox.MetadataOrderingSeq) != "1" {
+		t.Fatalf("first message: %v", first.Metadata)
+	}
+	first.Ack()
+	// The one dispatcher takes the next message at once (b1 from the
+	// claimed queue, or a2 if the ack's hand-over came first) and the
+	// handler holds it.
+	held := receive()
+	heldID := held.Metadata.Get(outbox.MetadataEventID)
+	deadline := time.Now().Add(10 * time.Second)
+	for e.count("SELECT COUNT(*) FROM millpond_outbox WHERE stream = 'c' AND status = 'delivered'") != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the first ack was not written")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := sub.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.count("SELECT COUNT(*) FROM millpond_outbox WHERE stream = 'c' AND status = 'processing' AND id <> ?", heldID); n != 0 {
+		t.Fatalf("%d events besides the held one are still claimed after Close", n)
+	}
+	if n := e.count("SELECT COUNT(*) FROM millpond_outbox WHERE stream = 'c' AND status = 'pending' AND attempts = 0"); n != 1 {
+		t.Fatalf("%d events pending with no attempt counted after Close, want 1", n)
+	}
+	t.Logf("held %s (%s)", heldID, held.Metadata.Get(outbox.MetadataOrderingKey))
 }

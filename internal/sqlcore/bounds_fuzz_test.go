@@ -297,6 +297,7 @@ func TestStatementsBindEveryParameter(t *testing.T) {
 			"ackOrdered": s.ackOrdered, "failSkip": s.failSkip, "releaseKeys": s.releaseKeys, "keyUnsettled": s.keyUnsettled,
 			"promoteKeys": s.promoteKeys, "nextBlocked": s.nextBlocked, "promoteIDs": s.promoteIDs, "orderedDead": s.orderedDead, "requeueHead": s.requeueHead, "rejoinKey": s.rejoinKey,
 			"requeueRejoined": s.requeueRejoined, "deadOrdering": s.deadOrdering,
+			"ackNext": s.ackNext, "promoteNext": s.promoteNext, "nextBlockedDue": s.nextBlockedDue, "handOverIDs": s.handOverIDs, "lockBlocked": s.lockBlocked,
 			"insertEvent": s.insertEvent, "eventsByID": s.eventsByID, "eventsOf": s.eventsOf, "deleteDeliveries": s.deleteDeliveries,
 			"lockEvents": s.lockEvents, "dropOrphans": s.dropOrphans, "copyToGroup": s.copyToGroup, "deadKind": s.deadKind,
 		} {

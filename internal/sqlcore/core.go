@@ -533,15 +533,40 @@ func (c *Core) claimMySQL(ctx context.Context, req ClaimRequest) ([]Claimed, err
 // its event under a live lease, in one statement, and returns the receipts
 // that were stale (nothing changed for those).
 func (c *Core) AcknowledgeBatch(ctx context.Context, rs []Receipt) (stale []Receipt, err error) {
+	stale, _, err = c.acknowledge(ctx, rs, nil)
+	return stale, err
+}
+
+// AcknowledgeAndClaimNext is AcknowledgeBatch that also hands the next
+// events over: when it settles the head of an ordering key of req.Stream
+// and req.Group whose next event is due and has attempts left, it claims
+// that event for req.Worker under req.Lease (a fresh claim key, one more
+// attempt), in the transaction that makes it the key's head, instead of
+// making it pending for a later Claim; at most req.Limit of them. It
+// returns them, content included, with the stale receipts; claims it
+// returns with an error are the caller's too (the acknowledgement of some
+// receipts committed, and handed them over, before the error). The next events
+// of other keys (not due, other groups, beyond the limit) become pending as
+// with AcknowledgeBatch.
+func (c *Core) AcknowledgeAndClaimNext(ctx context.Context, rs []Receipt, req ClaimRequest) ([]Receipt, []Claimed, error) {
+	if err := req.Validate(); err != nil {
+		return nil, nil, err
+	}
+	return c.acknowledge(ctx, rs, &req)
+}
+
+// acknowledge is AcknowledgeBatch, handing next events over for hand when
+// it is not nil.
+func (c *Core) acknowledge(ctx context.Context, rs []Receipt, hand *ClaimRequest) (stale []Receipt, next []Claimed, err error) {
 	if err := validateReceipts(rs); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	rs = sortedReceipts(rs)
 	var settled map[int64]bool
 	if c.dialect == MySQL {
 		err = c.inTxRetry(ctx, "acknowledge", &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
 			var err error
-			settled, err = c.ack(ctx, tx, rs)
+			settled, next, err = c.ackMySQL(ctx, tx, rs, hand)
 			return err
 		})
 	} else {
@@ -554,26 +579,39 @@ func (c *Core) AcknowledgeBatch(ctx context.Context, rs []Receipt) (stale []Rece
 		// whose promotion is a later statement, on SQLite all of them.
 		err = c.retryConflicts(ctx, "acknowledge", func() error {
 			var err error
+			if hand != nil && c.dialect == Postgres {
+				settled, next, err = c.ackNext(ctx, c.db, rs, hand)
+				return err
+			}
 			settled, err = c.ack(ctx, c.db, rs)
 			return err
 		})
 		if rest := staleOf(rs, settled); err == nil && len(rest) > 0 {
+			var more []Claimed
 			err = c.inTxRetry(ctx, "acknowledge ordered events", &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
-				done, err := c.ackOrderedRows(ctx, tx, rest)
+				done, handed, err := c.ackOrderedRows(ctx, tx, rest, hand)
 				if err != nil {
 					return err
 				}
 				for id := range done {
 					settled[id] = true
 				}
+				more = handed
 				return nil
 			})
+			if hand != nil && len(more) > 0 {
+				// What the first statement handed over was committed:
+				// keep it whatever this transaction did.
+				next = append(next, more...)
+			}
 		}
 	}
 	if err != nil {
-		return nil, err
+		// The first statement may have committed and handed events over
+		// before the rest failed: those claims are the caller's.
+		return nil, next, err
 	}
-	return staleOf(rs, settled), nil
+	return staleOf(rs, settled), next, nil
 }
 
 // sortedReceipts returns the receipts in id order, so that statements over
@@ -603,7 +641,7 @@ func (c *Core) AcknowledgeInTx(ctx context.Context, ex Executor, rs []Receipt) (
 		return nil, err
 	}
 	if rest := staleOf(rs, settled); len(rest) > 0 && c.dialect != MySQL {
-		done, err := c.ackOrderedRows(ctx, ex, rest)
+		done, _, err := c.ackOrderedRows(ctx, ex, rest, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -639,21 +677,29 @@ func (c *Core) ack(ctx context.Context, ex Executor, rs []Receipt) (map[int64]bo
 		text, extra := expandPairs(c.dialect, c.stmts.ack.text, rs)
 		return c.queryIDs(ctx, ex, text, append(c.stmts.ack.args(map[string]any{"now": c.nowArg()}), extra...))
 	}
+	live, _, err := c.ackMySQL(ctx, ex, rs, nil)
+	return live, err
+}
+
+// ackMySQL is ack on MySQL (rs in id order), handing the next events of
+// the keys it settles over for hand when it is not nil.
+func (c *Core) ackMySQL(ctx context.Context, ex Executor, rs []Receipt, hand *ClaimRequest) (map[int64]bool, []Claimed, error) {
 	text, extra := expandPairs(c.dialect, c.stmts.ack.text, rs)
 	rows, err := ex.QueryContext(ctx, text, append(c.stmts.ack.args(map[string]any{"now": c.nowArg()}), extra...)...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	live, keys, err := scanSettledRows(rows)
 	if err != nil || len(live) == 0 {
-		return live, err
+		return live, nil, err
 	}
 	ids := slices.Sorted(maps.Keys(live))
 	text, extra = expandIDs(c.stmts.ackMark.text, ids)
 	if _, err = ex.ExecContext(ctx, text, append(c.stmts.ackMark.args(map[string]any{"now": c.nowArg()}), extra...)...); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return live, c.releaseKeys(ctx, ex, keys)
+	next, err := c.releaseKeysNext(ctx, ex, keys, hand)
+	return live, next, err
 }
 
 // inIDOrder returns the receipts sorted by event id (a copy; rs is left as

@@ -33,7 +33,18 @@ import (
 // So a producer either commits before the settler locks the row (the
 // settler then sees and promotes its event) or locks the row after the
 // settler committed (it then sees unsettled 0 and inserts its event
-// pending). Outbox rows are locked before key rows everywhere but in
+// pending).
+//
+// An acknowledgement made with AcknowledgeAndClaimNext hands the promoted
+// event over instead: when it belongs to the acknowledging consumer's
+// stream and group, is due and has attempts left, the same statement
+// (PostgreSQL) or transaction (MySQL, SQLite) claims it for
+// that consumer, as Claim would, rather than making it pending. The key's
+// new head is then claimed from the moment it becomes the head, so at
+// most one event of the key is still claimed or in flight per group, and
+// its lease expiring delivers that same head again. It saves the promoted
+// row a second rewrite and the consumer a claim (and, on PostgreSQL, the
+// NOTIFY that a row becoming pending sends). Outbox rows are locked before key rows everywhere but in
 // Enqueue, which locks only rows it inserts.
 
 // orderKey names one key's state row.
@@ -203,7 +214,9 @@ func scanSettledRows(rows Rows) (map[int64]bool, []orderKey, error) {
 // ackOrderedRows acknowledges the live receipts of rows with an ordering key
 // inside ex, a transaction, and promotes the next event of each key.
 // PostgreSQL and SQLite; MySQL's ack does both.
-func (c *Core) ackOrderedRows(ctx context.Context, ex Executor, rs []Receipt) (map[int64]bool, error) {
+// With hand set, the next events it promotes are handed over (see
+// Core.AcknowledgeAndClaimNext) and returned.
+func (c *Core) ackOrderedRows(ctx context.Context, ex Executor, rs []Receipt, hand *ClaimRequest) (map[int64]bool, []Claimed, error) {
 	q := c.stmts.ackOrdered
 	if c.dialect == Postgres {
 		// One statement settles the rows and counts them off their keys;
@@ -211,24 +224,69 @@ func (c *Core) ackOrderedRows(ctx context.Context, ex Executor, rs []Receipt) (m
 		ids, keys := splitReceipts(rs)
 		rows, err := ex.QueryContext(ctx, q.text, q.args(map[string]any{"ids": ids, "keys": keys, "now": c.nowArg()})...)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		done, waiting, err := scanAckedOrdered(rows)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return done, c.promoteKeys(ctx, ex, waiting)
+		next, err := c.promoteKeys(ctx, ex, waiting, hand)
+		return done, next, err
 	}
 	text, extra := expandPairs(c.dialect, q.text, rs)
 	rows, err := ex.QueryContext(ctx, text, append(q.args(map[string]any{"now": c.nowArg()}), extra...)...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	done, keys, err := scanSettledRows(rows)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return done, c.releaseKeys(ctx, ex, keys)
+	next, err := c.releaseKeysNext(ctx, ex, keys, hand)
+	return done, next, err
+}
+
+// handVals adds to vals the parameters of a hand-over for hand.
+func (c *Core) handVals(vals map[string]any, hand *ClaimRequest) map[string]any {
+	vals["stream"], vals["group"], vals["worker"] = hand.Stream, hand.Group, hand.Worker
+	vals["lease"], vals["max"], vals["limit"] = micros(hand.Lease), hand.MaxAttempts, hand.Limit
+	return vals
+}
+
+// ackNext (PostgreSQL) is ack in one statement that hands the next events
+// of the keys it settles over (ackNext, see Core.AcknowledgeAndClaimNext).
+func (c *Core) ackNext(ctx context.Context, ex Executor, rs []Receipt, hand *ClaimRequest) (map[int64]bool, []Claimed, error) {
+	ids, keys := splitReceipts(inIDOrder(rs))
+	q := c.stmts.ackNext
+	rows, err := ex.QueryContext(ctx, q.text, q.args(c.handVals(map[string]any{"ids": ids, "keys": keys, "now": c.nowArg()}, hand))...)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	done := map[int64]bool{}
+	var next []Claimed
+	for rows.Next() {
+		var handed bool
+		var cl Claimed
+		var md string
+		var expires, created int64
+		if err := rows.Scan(&handed, &cl.ID, &cl.Stream, &cl.Group, &cl.Key, &cl.Kind, &cl.Payload, &md, &cl.Attempts, &cl.ClaimKey, &expires, &created, &cl.OrderingKey, &cl.OrderingSeq); err != nil {
+			return nil, nil, err
+		}
+		if !handed {
+			done[cl.ID] = true
+			continue
+		}
+		if cl.Metadata, err = decodeMetadata(md); err != nil {
+			return nil, nil, err
+		}
+		cl.LeaseExpiresAt, cl.CreatedAt = fromMicros(expires), fromMicros(created)
+		next = append(next, cl)
+	}
+	if err := rowsErr(rows); err != nil {
+		return nil, nil, err
+	}
+	return done, next, rows.Close()
 }
 
 // scanAckedOrdered reads PostgreSQL's ackOrdered: settled ids (id > 0) and
@@ -263,8 +321,15 @@ func scanAckedOrdered(rows Rows) (map[int64]bool, []orderKey, error) {
 // MySQL in READ COMMITTED sees every producer that committed while this
 // transaction waited for the key rows.
 func (c *Core) releaseKeys(ctx context.Context, ex Executor, keys []orderKey) error {
+	_, err := c.releaseKeysNext(ctx, ex, keys, nil)
+	return err
+}
+
+// releaseKeysNext is releaseKeys handing the next events over for hand
+// (see promoteKeys) when it is not nil.
+func (c *Core) releaseKeysNext(ctx context.Context, ex Executor, keys []orderKey, hand *ClaimRequest) ([]Claimed, error) {
 	if len(keys) == 0 {
-		return nil
+		return nil, nil
 	}
 	keys = slices.Clone(keys)
 	slices.SortFunc(keys, compareOrderKeys)
@@ -273,64 +338,257 @@ func (c *Core) releaseKeys(ctx context.Context, ex Executor, keys []orderKey) er
 		streams, groups, okeys := splitKeys(keys)
 		rows, err := ex.QueryContext(ctx, q.text, q.args(map[string]any{"streams": streams, "groups": groups, "okeys": okeys})...)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		var waiting []orderKey
 		for rows.Next() {
 			var k orderKey
 			if err := rows.Scan(&k.stream, &k.group, &k.key); err != nil {
 				rows.Close()
-				return err
+				return nil, err
 			}
 			waiting = append(waiting, k)
 		}
 		if err := rowsErr(rows); err != nil {
 			rows.Close()
-			return err
+			return nil, err
 		}
 		if err := rows.Close(); err != nil {
-			return err
+			return nil, err
 		}
-		return c.promoteKeys(ctx, ex, waiting)
+		return c.promoteKeys(ctx, ex, waiting, hand)
 	}
 	for _, round := range keyRounds(keys) {
 		text, args := expandKeys(c.dialect, q.text, round)
 		if _, err := ex.ExecContext(ctx, text, append(q.args(nil), args...)...); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return c.promoteKeys(ctx, ex, slices.CompactFunc(keys, func(a, b orderKey) bool { return a == b }))
+	return c.promoteKeys(ctx, ex, slices.CompactFunc(keys, func(a, b orderKey) bool { return a == b }), hand)
 }
 
 // promoteKeys makes pending, inside ex (a transaction), the blocked event
 // with the lowest sequence number of each key (sorted, no duplicates) that
-// has one and still counts unsettled events.
-func (c *Core) promoteKeys(ctx context.Context, ex Executor, keys []orderKey) error {
+// has one and still counts unsettled events. With hand set, those of
+// hand's stream and group that are due and have attempts left are claimed
+// for hand.Worker instead, at most hand.Limit of them, and returned (see
+// Core.AcknowledgeAndClaimNext).
+func (c *Core) promoteKeys(ctx context.Context, ex Executor, keys []orderKey, hand *ClaimRequest) ([]Claimed, error) {
 	if len(keys) == 0 {
-		return nil
+		return nil, nil
 	}
 	vals := map[string]any{"now": c.nowArg()}
 	switch c.dialect {
 	case Postgres:
 		vals["streams"], vals["groups"], vals["okeys"] = splitKeys(keys)
+		if hand != nil {
+			return c.promoteNextPG(ctx, ex, c.handVals(vals, hand))
+		}
 		_, err := ex.ExecContext(ctx, c.stmts.promoteKeys.text, c.stmts.promoteKeys.args(vals)...)
-		return err
+		return nil, err
 	case SQLite:
+		if hand != nil {
+			return c.promoteNextSQLite(ctx, ex, keys, c.handVals(vals, hand))
+		}
 		text, args := expandKeys(c.dialect, c.stmts.promoteKeys.text, keys)
 		_, err := ex.ExecContext(ctx, text, append(c.stmts.promoteKeys.args(vals), args...)...)
-		return err
+		return nil, err
 	}
+	return c.promoteMySQL(ctx, ex, keys, vals, hand)
+}
+
+// promoteNextPG runs promoteNext and reads the events it handed over.
+func (c *Core) promoteNextPG(ctx context.Context, ex Executor, vals map[string]any) ([]Claimed, error) {
+	q := c.stmts.promoteNext
+	rows, err := ex.QueryContext(ctx, q.text, q.args(vals)...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var next []Claimed
+	for rows.Next() {
+		var cl Claimed
+		var md string
+		var expires, created int64
+		if err := rows.Scan(&cl.ID, &cl.Stream, &cl.Group, &cl.Key, &cl.Kind, &cl.Payload, &md, &cl.Attempts, &cl.ClaimKey, &expires, &created, &cl.OrderingKey, &cl.OrderingSeq); err != nil {
+			return nil, err
+		}
+		if cl.Metadata, err = decodeMetadata(md); err != nil {
+			return nil, err
+		}
+		cl.LeaseExpiresAt, cl.CreatedAt = fromMicros(expires), fromMicros(created)
+		next = append(next, cl)
+	}
+	if err := rowsErr(rows); err != nil {
+		return nil, err
+	}
+	return next, rows.Close()
+}
+
+// promoteNextSQLite promotes the next blocked event of each key, handing
+// over those it can: one read finds them, one statement claims those
+// handed over and one makes the others pending (one writer: nothing
+// changes in between).
+func (c *Core) promoteNextSQLite(ctx context.Context, ex Executor, keys []orderKey, vals map[string]any) ([]Claimed, error) {
+	q := c.stmts.nextBlockedDue
+	text, args := expandKeys(c.dialect, q.text, keys)
+	rows, err := ex.QueryContext(ctx, text, append(q.args(vals), args...)...)
+	if err != nil {
+		return nil, err
+	}
+	var handIDs, pendIDs []int64
+	for rows.Next() {
+		var id int64
+		var due bool
+		if err := rows.Scan(&id, &due); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		if due && len(handIDs) < vals["limit"].(int) {
+			handIDs = append(handIDs, id)
+		} else {
+			pendIDs = append(pendIDs, id)
+		}
+	}
+	if err := rowsErr(rows); err != nil {
+		rows.Close()
+		return nil, err
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if len(pendIDs) > 0 {
+		text, args := expandIDs(c.stmts.promoteIDs.text, pendIDs)
+		if _, err := ex.ExecContext(ctx, text, append(c.stmts.promoteIDs.args(vals), args...)...); err != nil {
+			return nil, err
+		}
+	}
+	if len(handIDs) == 0 {
+		return nil, nil
+	}
+	q = c.stmts.handOverIDs
+	text, args = expandIDs(q.text, handIDs)
+	rows, err = ex.QueryContext(ctx, text, append(q.args(vals), args...)...)
+	if err != nil {
+		return nil, err
+	}
+	var next []Claimed
+	var eventIDs []int64
+	for rows.Next() {
+		var cl Claimed
+		var eid, expires int64
+		if err := rows.Scan(&cl.ID, &cl.Stream, &cl.Group, &eid, &cl.Attempts, &cl.ClaimKey, &expires, &cl.OrderingKey, &cl.OrderingSeq); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		cl.LeaseExpiresAt = fromMicros(expires)
+		next = append(next, cl)
+		eventIDs = append(eventIDs, eid)
+	}
+	if err := rowsErr(rows); err != nil {
+		rows.Close()
+		return nil, err
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	return c.withContent(ctx, ex, next, eventIDs)
+}
+
+// promoteMySQL makes pending the next blocked event of each key: a plain
+// read finds them, one statement promotes them in id order. With hand set,
+// a locking read (in id order) takes them first, and those it can hand
+// over are claimed as claimMySQL claims (a key derived from one secret, the
+// lease from the database clock).
+func (c *Core) promoteMySQL(ctx context.Context, ex Executor, keys []orderKey, vals map[string]any, hand *ClaimRequest) ([]Claimed, error) {
+	ids, err := c.nextBlockedMySQL(ctx, ex, keys)
+	if err != nil || len(ids) == 0 {
+		return nil, err
+	}
+	slices.Sort(ids)
+	var next []Claimed
+	var eventIDs []int64
+	if hand != nil {
+		text, args := expandIDs(c.stmts.lockBlocked.text, ids)
+		rows, err := ex.QueryContext(ctx, text, append(c.stmts.lockBlocked.args(nil), args...)...)
+		if err != nil {
+			return nil, err
+		}
+		var candidates []Claimed
+		var candidateEvents, availableAts []int64
+		for rows.Next() {
+			var cl Claimed
+			var eid, availableAt int64
+			if err := rows.Scan(&cl.ID, &cl.Stream, &cl.Group, &eid, &cl.Attempts, &cl.ClaimKey, &availableAt, &cl.OrderingKey, &cl.OrderingSeq); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			candidates = append(candidates, cl)
+			candidateEvents = append(candidateEvents, eid)
+			availableAts = append(availableAts, availableAt)
+		}
+		if err := rowsErr(rows); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		if err := rows.Close(); err != nil {
+			return nil, err
+		}
+		now, err := c.resolveNow(ctx, ex)
+		if err != nil {
+			return nil, err
+		}
+		ids = ids[:0]
+		for i, cl := range candidates {
+			if cl.Stream == hand.Stream && cl.Group == hand.Group && availableAts[i] <= now &&
+				cl.Attempts < hand.MaxAttempts && len(next) < hand.Limit {
+				next = append(next, cl)
+				eventIDs = append(eventIDs, candidateEvents[i])
+			} else {
+				ids = append(ids, cl.ID)
+			}
+		}
+		if len(next) > 0 {
+			expires := now + micros(hand.Lease)
+			secret := newClaimKey()
+			handIDs := make([]int64, len(next))
+			for i := range next {
+				next[i].ClaimKey = derivedClaimKey(secret, next[i].ID)
+				next[i].Attempts++
+				next[i].LeaseExpiresAt = fromMicros(expires)
+				handIDs[i] = next[i].ID
+			}
+			text, idArgs := expandIDs(c.stmts.claimUpdate, handIDs)
+			if _, err := ex.ExecContext(ctx, text, append([]any{hand.Worker, expires, secret}, idArgs...)...); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if len(ids) > 0 {
+		text, args := expandIDs(c.stmts.promoteIDs.text, ids)
+		if _, err := ex.ExecContext(ctx, text, append(c.stmts.promoteIDs.args(vals), args...)...); err != nil {
+			return nil, err
+		}
+	}
+	if len(next) == 0 {
+		return nil, nil
+	}
+	return c.withContent(ctx, ex, next, eventIDs)
+}
+
+// nextBlockedMySQL reads the next blocked event of each key.
+func (c *Core) nextBlockedMySQL(ctx context.Context, ex Executor, keys []orderKey) ([]int64, error) {
 	text, args := expandKeys(c.dialect, c.stmts.nextBlocked.text, keys)
 	rows, err := ex.QueryContext(ctx, text, append(c.stmts.nextBlocked.args(nil), args...)...)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var ids []int64
 	for rows.Next() {
 		var id sql.NullInt64
 		if err := rows.Scan(&id); err != nil {
 			rows.Close()
-			return err
+			return nil, err
 		}
 		if id.Valid {
 			ids = append(ids, id.Int64)
@@ -338,18 +596,9 @@ func (c *Core) promoteKeys(ctx context.Context, ex Executor, keys []orderKey) er
 	}
 	if err := rowsErr(rows); err != nil {
 		rows.Close()
-		return err
+		return nil, err
 	}
-	if err := rows.Close(); err != nil {
-		return err
-	}
-	if len(ids) == 0 {
-		return nil
-	}
-	slices.Sort(ids)
-	text, args = expandIDs(c.stmts.promoteIDs.text, ids)
-	_, err = ex.ExecContext(ctx, text, append(c.stmts.promoteIDs.args(vals), args...)...)
-	return err
+	return ids, rows.Close()
 }
 
 // keyRounds splits sorted keys into rounds without duplicates: a key listed

@@ -63,8 +63,13 @@ type statements struct {
 	failSkip             query // Fail under DeadLetterSkip
 	releaseKeys          query // heads of keys settled: fewer unsettled ({keys} on MySQL, SQLite)
 	promoteKeys          query // PostgreSQL, SQLite: the next blocked event of each key becomes pending
+	ackNext              query // PostgreSQL: ack, handing the next events of the keys over (claimed)
+	promoteNext          query // PostgreSQL: promoteKeys, handing the next events over
+	nextBlockedDue       query // SQLite: the next blocked event of each key, and whether it can be handed over ({keys})
+	handOverIDs          query // SQLite: claim the next events handed over ({ids})
+	lockBlocked          query // MySQL: lock the next events to hand over ({ids})
 	nextBlocked          query // MySQL: the next blocked event of each key ({keys})
-	promoteIDs           query // MySQL: make those pending ({ids})
+	promoteIDs           query // MySQL, SQLite: make those pending ({ids})
 	keyUnsettled         query // MySQL: what rejoinKey wrote
 	orderedDead          query // requeue: dead rows with an ordering key ({ids})
 	requeueHead          query // requeue a dead row that still holds its key
@@ -140,6 +145,34 @@ ks AS MATERIALIZED (
   UPDATE millpond_ordering m SET unsettled = m.unsettled - kl.n
   FROM kl WHERE m.stream = kl.stream AND m.consumer_group = kl.consumer_group AND m.ordering_key = kl.ordering_key
   RETURNING m.stream, m.consumer_group, m.ordering_key, m.unsettled
+)`
+
+// handOverPG (PostgreSQL) follows a CTE nxt(id) naming the next blocked
+// event of each key whose head was settled in this statement or
+// transaction, under that key row's lock: it locks them in id order and
+// promotes them, and instead of making them pending it claims, as a claim
+// would (a fresh claim key, the lease @lease, @worker, one more attempt),
+// those of the consumer group @stream/@group that are due and have
+// attempts left, the first @limit of them in id order. Its CTE promoted
+// returns them with hand true; the others became pending.
+const handOverPG = `
+lk AS MATERIALIZED (
+  SELECT o.id, o.stream = @stream AND o.consumer_group = @group AND o.available_at <= @now AND o.attempts < @max AS due
+  FROM millpond_deliveries o WHERE o.id IN (SELECT id FROM nxt) AND o.status = 'blocked'
+  ORDER BY o.id
+  FOR UPDATE OF o
+), hn AS (
+  SELECT id, due AND row_number() OVER (PARTITION BY due ORDER BY id) <= @limit AS hand FROM lk
+), promoted AS (
+  UPDATE millpond_deliveries o SET
+    status = CASE WHEN hn.hand THEN 'processing' ELSE 'pending' END,
+    settled = false,
+    attempts = CASE WHEN hn.hand THEN o.attempts + 1 ELSE o.attempts END,
+    claimed_by = CASE WHEN hn.hand THEN @worker::VARCHAR ELSE o.claimed_by END,
+    claim_key = CASE WHEN hn.hand THEN replace(gen_random_uuid()::TEXT, '-', '') ELSE o.claim_key END,
+    available_at = CASE WHEN hn.hand THEN @now + @lease::BIGINT ELSE GREATEST(o.available_at, @now) END
+  FROM hn WHERE o.id = hn.id
+  RETURNING o.id, o.event_id, o.stream, o.consumer_group, o.attempts, o.claim_key, o.available_at, o.ordering_key, o.ordering_seq, hn.hand
 )`
 
 const claimColumns = "id, stream, consumer_group, event_key, event_kind, payload, metadata, attempts, claim_key, available_at, created_at, ordering_key, ordering_seq"
@@ -345,7 +378,7 @@ FROM claimed c JOIN millpond_events e ON e.id = c.event_id WHERE c.status = 'pro
 		// waited for it) is left alone, its rows unacknowledged: Core
 		// settles them with ackOrdered and promoteKeys, two statements of
 		// one transaction, the second seeing the producer's event.
-		s.ack = c(`WITH live AS MATERIALIZED (
+		ack := `WITH live AS MATERIALIZED (
   SELECT l.id, l.stream, l.consumer_group, l.ordering_key FROM ` + receiptRows + `,
   LATERAL (
     SELECT o.id, o.stream, o.consumer_group, o.ordering_key FROM millpond_deliveries o
@@ -374,7 +407,8 @@ FROM claimed c JOIN millpond_events e ON e.id = c.event_id WHERE c.status = 'pro
   RETURNING m.stream, m.consumer_group, m.ordering_key, m.unsettled
 ), nxt AS MATERIALIZED (
   SELECT (` + nextBlockedPG + `) AS id FROM dec k WHERE k.unsettled > 0
-), lk AS MATERIALIZED (
+)`
+		s.ack = c(ack + `, lk AS MATERIALIZED (
   SELECT o.id FROM millpond_deliveries o WHERE o.id IN (SELECT id FROM nxt) AND o.status = 'blocked'
   ORDER BY o.id
   FOR UPDATE OF o
@@ -383,6 +417,14 @@ FROM claimed c JOIN millpond_events e ON e.id = c.event_id WHERE c.status = 'pro
   FROM lk WHERE o.id = lk.id
 )
 SELECT id FROM acked`)
+		// The same acknowledgement handing the next events over (see
+		// handOverPG): it returns the acknowledged ids (handed false) and
+		// the events it claimed, content included.
+		s.ackNext = c(ack + `,` + handOverPG + `
+SELECT true, p.id, p.stream, p.consumer_group, e.event_key, e.event_kind, e.payload, e.metadata, p.attempts, p.claim_key, p.available_at, e.created_at, p.ordering_key, p.ordering_seq
+FROM promoted p JOIN millpond_events e ON e.id = p.event_id WHERE p.hand
+UNION ALL
+SELECT false, id, '', '', '', '', NULL, '', 0, '', 0, 0, '', 0 FROM acked`)
 		// One statement settles the ordered rows and counts them off their
 		// keys (outbox rows locked first, then key rows); it returns the
 		// settled ids (keys empty) and the keys that still have unsettled
@@ -416,6 +458,13 @@ SELECT stream, consumer_group, ordering_key FROM dec WHERE unsettled > 0`)
 )
 UPDATE millpond_deliveries o SET status = 'pending', settled = false, available_at = GREATEST(o.available_at, @now)
 FROM lk WHERE o.id = lk.id`)
+		// The same promotion handing the next events over (see handOverPG).
+		s.promoteNext = c(`WITH nxt AS MATERIALIZED (
+  SELECT (` + nextBlockedPG + `) AS id
+  FROM unnest(@streams::TEXT[], @groups::TEXT[], @okeys::TEXT[]) AS k(stream, consumer_group, ordering_key)
+),` + handOverPG + `
+SELECT p.id, p.stream, p.consumer_group, e.event_key, e.event_kind, e.payload, e.metadata, p.attempts, p.claim_key, p.available_at, e.created_at, p.ordering_key, p.ordering_seq
+FROM promoted p JOIN millpond_events e ON e.id = p.event_id WHERE p.hand`)
 		s.failSkip = c(`UPDATE millpond_deliveries SET
   status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'pending' END,
   settled = attempts >= @max,
@@ -592,6 +641,12 @@ FROM millpond_ordering k WHERE k.unsettled > 0 AND {keys}`)
 		s.promoteIDs = c(`UPDATE millpond_deliveries SET status = 'pending', available_at = GREATEST(available_at, @now)
 WHERE status = 'blocked' AND id IN ({ids})
 ORDER BY id`)
+		// Handing over: lock the next events (found by nextBlocked) in id
+		// order, as promoteIDs would, and read what a claim returns.
+		s.lockBlocked = c(`SELECT ` + claimRowColumns + ` FROM millpond_deliveries
+WHERE status = 'blocked' AND id IN ({ids})
+ORDER BY id
+FOR UPDATE`)
 		s.bumpKey = c(`INSERT INTO millpond_ordering (stream, consumer_group, ordering_key, last_seq, unsettled)
 VALUES (@stream, @group, @okey, 1, 1)
 ON DUPLICATE KEY UPDATE last_seq = last_seq + 1, unsettled = unsettled + 1`)
@@ -669,6 +724,23 @@ WHERE status = 'blocked' AND id IN (
     WHERE b.stream = k.stream AND b.consumer_group = k.consumer_group AND b.ordering_key = k.ordering_key AND b.status = 'blocked'
     ORDER BY b.ordering_seq LIMIT 1)
   FROM millpond_ordering k WHERE k.unsettled > 0 AND {keys})`)
+		// Handing over (see Core.AcknowledgeAndClaimNext): the next
+		// blocked event of each key, whether it can be claimed for the
+		// acknowledging consumer, then one statement claims those and one
+		// makes the others pending.
+		s.nextBlockedDue = c(`SELECT b.id, b.stream = @stream AND b.consumer_group = @group AND b.available_at <= @now AND b.attempts < @max
+FROM millpond_deliveries b WHERE b.status = 'blocked' AND b.id IN (
+  SELECT (SELECT x.id FROM millpond_deliveries x
+    WHERE x.stream = k.stream AND x.consumer_group = k.consumer_group AND x.ordering_key = k.ordering_key AND x.status = 'blocked'
+    ORDER BY x.ordering_seq LIMIT 1)
+  FROM millpond_ordering k WHERE k.unsettled > 0 AND {keys})
+ORDER BY b.id`)
+		s.handOverIDs = c(`UPDATE millpond_deliveries SET status = 'processing', attempts = attempts + 1, claimed_by = @worker,
+  claim_key = lower(hex(randomblob(16))), available_at = @now + @lease
+WHERE status = 'blocked' AND id IN ({ids})
+RETURNING ` + claimRowColumns)
+		s.promoteIDs = c(`UPDATE millpond_deliveries SET status = 'pending', available_at = MAX(available_at, @now)
+WHERE status = 'blocked' AND id IN ({ids})`)
 		s.bumpKey = c(`INSERT INTO millpond_ordering (stream, consumer_group, ordering_key, last_seq, unsettled)
 VALUES (@stream, @group, @okey, 1, 1)
 ON CONFLICT (stream, consumer_group, ordering_key) DO UPDATE SET last_seq = last_seq + 1, unsettled = unsettled + 1
