@@ -308,7 +308,7 @@ func (s *Store) Enqueue(ctx context.Context, tx Tx, ev Event) (Enqueued, error) 
 // at most every notifyEvery per stream.
 //
 // The NOTIFY rides in the enqueue statement itself, so it costs no round
-// trip; a duplicate enqueue may spend it on a wake-up that finds nothing.
+// trip; a duplicate enqueue sends none and leaves the next one due.
 func (s *Store) enqueue(ctx context.Context, ex sqlcore.Executor, ev Event) (Enqueued, error) {
 	ctx, span, md := s.tel.startSend(ctx, ev)
 	ev.Metadata = md
@@ -319,8 +319,10 @@ func (s *Store) enqueue(ctx context.Context, ex sqlcore.Executor, ev Event) (Enq
 	if err == nil && res.Inserted {
 		s.tel.countEnqueued(ctx, ev.Stream, ev.Kind)
 	}
-	if err != nil && notify {
-		s.gate.forget(ev.Stream) // no NOTIFY was queued: the next enqueue sends it
+	if notify && (err != nil || !res.Inserted) {
+		// No NOTIFY was queued (a known event inserts nothing and announces
+		// nothing): the next enqueue sends it.
+		s.gate.forget(ev.Stream)
 	}
 	if err != nil || !res.Inserted {
 		return res, err

@@ -55,6 +55,17 @@ func TestPostgresNotifyWakesSubscribersAndListenerReconnects(t *testing.T) {
 			return 0
 		}
 	}
+	// An event delivered now is published again below, as a duplicate.
+	dup := message.NewMessage(watermill.NewUUID(), []byte("dup"))
+	if err := pub.Publish("wake", dup); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case msg := <-msgs:
+		msg.Ack()
+	case <-time.After(5 * time.Second):
+		t.Fatal("the first event was not delivered")
+	}
 	// After Subscribe (and after each wake-up) the subscriber polls at 1, 3,
 	// 7, ... 2047, 4095 ms as its claims come back empty. Three seconds in,
 	// its next poll is more than a second away, so a delivery within 500 ms
@@ -64,6 +75,10 @@ func TestPostgresNotifyWakesSubscribersAndListenerReconnects(t *testing.T) {
 	// next enqueue sends (they are at most 10 ms apart per stream).
 	if err := pub.Publish("wake", message.NewMessage("", []byte("no key"))); err == nil {
 		t.Fatal("a message without a UUID (the event key) was accepted")
+	}
+	// Nor must a duplicate, which inserts nothing and so sends nothing.
+	if err := pub.Publish("wake", message.NewMessage(dup.UUID, []byte("dup"))); err != nil {
+		t.Fatal(err)
 	}
 	t.Logf("commit to handler before the kill: %s", roundTrip("before"))
 
