@@ -40,6 +40,7 @@ var orderingCases = []conformanceCase{
 	{name: "ConcurrentClaimersKeepEachKeyInSequence", dbClock: true, run: func(t *testing.T, e *env) { testOrderedConcurrentClaimers(t, e, false) }},
 	{name: "ConcurrentClaimersHandingOverKeepEachKeyInSequence", dbClock: true, run: func(t *testing.T, e *env) { testOrderedConcurrentClaimers(t, e, true) }},
 	{name: "AckHandsTheNextEventOver", run: testAckHandsOver},
+	{name: "HandedOverClaimKeysDifferPerRowAndHandOver", run: testHandedOverKeysDiffer},
 	{name: "FailingHeadHoldsOnlyItsKey", run: testFailingHeadHoldsOnlyItsKey},
 	{name: "DeadHeadHoldAndRequeue", run: testDeadHeadHold},
 	{name: "DeadHeadSkipAndRequeue", run: testDeadHeadSkip},
@@ -978,6 +979,51 @@ func testOrderingBounds(t *testing.T, e *env) {
 // ordinary claim: nothing else of its key is claimable, an expired lease
 // delivers it again (its old receipt is then stale), and acknowledging it
 // hands the next one over.
+// testHandedOverKeysDiffer: events handed over by one acknowledgement get
+// claim keys of their own (32 hex digits), new ones at each hand-over, and
+// one event's key does not settle another.
+func testHandedOverKeysDiffer(t *testing.T, e *env) {
+	for _, k := range []string{"p1", "q1", "p2", "q2", "p3", "q3"} {
+		e.enqueue(ordered("s", k, k[:1]))
+	}
+	req := claimReq("s", 100, time.Minute, 3)
+	heads := e.expectClaimed(req, "p1", "q1")
+	seen := map[string]bool{}
+	handOver := func(rs ...outbox.Receipt) map[string]outbox.Claimed {
+		t.Helper()
+		next, stale, err := e.s.AcknowledgeAndClaimNext(e.ctx, rs, req)
+		if err != nil || len(stale) != 0 {
+			t.Fatalf("acknowledge and claim next: stale %v, %v", stale, err)
+		}
+		out := map[string]outbox.Claimed{}
+		for _, c := range next {
+			if len(c.ClaimKey) != 32 || strings.Trim(c.ClaimKey, "0123456789abcdef") != "" {
+				t.Fatalf("handed-over claim key of %d characters, not 32 hex digits", len(c.ClaimKey))
+			}
+			if seen[c.ClaimKey] {
+				t.Fatal("a handed-over claim key repeats")
+			}
+			seen[c.ClaimKey] = true
+			out[c.Key] = c
+		}
+		return out
+	}
+	second := handOver(heads["p1"].Receipt(), heads["q1"].Receipt())
+	if len(second) != 2 {
+		t.Fatalf("handed over %v, want p2 and q2", keysOf(second))
+	}
+	// p2's id with q2's key is no receipt of p2's.
+	forged := second["p2"].Receipt()
+	forged.ClaimKey = second["q2"].ClaimKey
+	if err := e.s.Acknowledge(e.ctx, forged); !errors.Is(err, outbox.ErrStaleClaim) {
+		t.Fatalf("p2 acknowledged with q2's claim key: %v, want ErrStaleClaim", err)
+	}
+	third := handOver(second["p2"].Receipt(), second["q2"].Receipt())
+	if len(third) != 2 {
+		t.Fatalf("handed over %v, want p3 and q3", keysOf(third))
+	}
+}
+
 func testAckHandsOver(t *testing.T, e *env) {
 	for _, k := range []string{"a1", "a2", "a3", "b1", "b2", "c1", "c2", "d1", "d2", "x1", "x2"} {
 		ev := ordered("s", k, k[:1])

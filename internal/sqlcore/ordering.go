@@ -250,6 +250,9 @@ func (c *Core) ackOrderedRows(ctx context.Context, ex Executor, rs []Receipt, ha
 func (c *Core) handVals(vals map[string]any, hand *ClaimRequest) map[string]any {
 	vals["stream"], vals["group"], vals["worker"] = hand.Stream, hand.Group, hand.Worker
 	vals["lease"], vals["max"], vals["limit"] = micros(hand.Lease), hand.MaxAttempts, hand.Limit
+	// PostgreSQL derives each handed-over row's claim key from this secret,
+	// as its claim does (see derivedClaimKey).
+	vals["secret"] = newClaimKey()
 	return vals
 }
 

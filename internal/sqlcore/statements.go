@@ -151,7 +151,7 @@ ks AS MATERIALIZED (
 // event of each key whose head was settled in this statement or
 // transaction, under that key row's lock: it locks them in id order and
 // promotes them, and instead of making them pending it claims, as a claim
-// would (a fresh claim key, the lease @lease, @worker, one more attempt),
+// would (a claim key derived from @secret, the lease @lease, @worker, one more attempt),
 // those of the consumer group @stream/@group that are due and have
 // attempts left, the first @limit of them in id order. Its CTE promoted
 // returns them with hand true; the others became pending.
@@ -169,7 +169,7 @@ lk AS MATERIALIZED (
     settled = false,
     attempts = CASE WHEN hn.hand THEN o.attempts + 1 ELSE o.attempts END,
     claimed_by = CASE WHEN hn.hand THEN @worker::VARCHAR ELSE o.claimed_by END,
-    claim_key = CASE WHEN hn.hand THEN replace(gen_random_uuid()::TEXT, '-', '') ELSE o.claim_key END,
+    claim_key = CASE WHEN hn.hand THEN left(encode(sha256(convert_to(@secret::TEXT || o.id::TEXT, 'UTF8')), 'hex'), 32) ELSE o.claim_key END,
     available_at = CASE WHEN hn.hand THEN @now + @lease::BIGINT ELSE GREATEST(o.available_at, @now) END
   FROM hn WHERE o.id = hn.id
   RETURNING o.id, o.event_id, o.stream, o.consumer_group, o.attempts, o.claim_key, o.available_at, o.ordering_key, o.ordering_seq, hn.hand
