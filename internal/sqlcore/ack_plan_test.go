@@ -129,7 +129,7 @@ SELECT id, 's', '', 'delivered', true, 0, 1 FROM ev ORDER BY id`,
 	}
 	rows.Close()
 	vals := map[string]any{"ids": ids, "keys": keys, "now": nil, "lease": micros(time.Minute),
-		"stream": "s", "group": "", "worker": "w", "limit": 1000, "max": 10}
+		"stream": "s", "group": "", "worker": "w", "limit": 1000, "max": 10, "secret": newClaimKey()}
 	for _, mode := range []string{"auto", "force_generic_plan"} {
 		if _, err := conn.ExecContext(ctx, "SET plan_cache_mode = "+mode); err != nil {
 			t.Fatal(err)
