@@ -472,16 +472,7 @@ func (sub *subscription) claimLoop() {
 			// fewer events than they may.)
 			ramp = firstClaim(sub.cfg)
 		}
-		sub.tel.claimed(sub.ctx, claimed)
-		sub.mu.Lock()
-		for _, c := range claimed {
-			sub.held[c.ID] = c.Receipt()
-			sub.kinds[c.ID] = c.Kind
-			if c.OrderingKey != "" {
-				sub.ordered[c.ID] = true
-			}
-		}
-		sub.mu.Unlock()
+		sub.track(claimed)
 		for _, c := range claimed {
 			sub.queue <- c // never blocks: only this goroutine adds, and room was free
 		}
@@ -532,6 +523,22 @@ func (sub *subscription) claimLoop() {
 			}
 		}
 	}
+}
+
+// track counts events claimed for this subscription (by a claim or handed
+// over by an acknowledgement) and records each one's receipt, kind and
+// whether it is ordered, until it is settled or released.
+func (sub *subscription) track(cs []Claimed) {
+	sub.tel.claimed(sub.ctx, cs)
+	sub.mu.Lock()
+	for _, c := range cs {
+		sub.held[c.ID] = c.Receipt()
+		sub.kinds[c.ID] = c.Kind
+		if c.OrderingKey != "" {
+			sub.ordered[c.ID] = true
+		}
+	}
+	sub.mu.Unlock()
 }
 
 // firstClaim is the most the first claim of a backlog takes: enough to
@@ -803,16 +810,7 @@ func (sub *subscription) adopt(cs []Claimed) {
 	if len(cs) == 0 {
 		return
 	}
-	sub.tel.claimed(sub.ctx, cs)
-	sub.mu.Lock()
-	for _, c := range cs {
-		sub.held[c.ID] = c.Receipt()
-		sub.kinds[c.ID] = c.Kind
-		if c.OrderingKey != "" {
-			sub.ordered[c.ID] = true
-		}
-	}
-	sub.mu.Unlock()
+	sub.track(cs)
 	select {
 	case <-sub.stop:
 		rs := make([]Receipt, len(cs))

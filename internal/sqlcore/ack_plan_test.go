@@ -3,9 +3,6 @@ package sqlcore
 import (
 	"context"
 	"database/sql"
-	"fmt"
-	"net/url"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -21,50 +18,12 @@ import (
 // acknowledgement of 1,000 events took over a second. The plans are checked
 // custom and generic (the plan a prepared statement settles on).
 func TestPostgresPlansDoNotDependOnStatistics(t *testing.T) {
-	dsn := os.Getenv("MILLPOND_POSTGRES_URL")
-	if dsn == "" {
-		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	admin, err := sql.Open("pgx", dsn)
-	if err == nil {
-		err = admin.PingContext(ctx)
-	}
-	if err != nil {
-		if os.Getenv("MILLPOND_REQUIRE_DATABASES") == "1" {
-			t.Fatalf("postgres: %v", err)
-		}
-		t.Skipf("postgres unavailable: %v", err)
-	}
-	defer admin.Close()
-	schema := fmt.Sprintf("mp_ack_plan_%d", os.Getpid())
-	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _, _ = admin.ExecContext(context.Background(), "DROP SCHEMA "+schema+" CASCADE") }()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	db, err := sql.Open("pgx", u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	c, err := New(Postgres, stdDB{db})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c, db := postgresPlanCore(ctx, t, "mp_ack_plan")
 	// 20,000 delivered rows analyzed, then 2,000 claimed: the statistics
 	// say almost no row is processing.
-	for _, stmt := range []string{
+	execAll(ctx, t, db,
 		`WITH ev AS (
   INSERT INTO millpond_events (stream, event_key, event_kind, payload, metadata, content_hash, created_at)
   SELECT 's', 'k' || g, 'K', '\x7b7d', '{}', '\x00', 0 FROM generate_series(1, 20000) AS g RETURNING id)
@@ -72,11 +31,7 @@ INSERT INTO millpond_deliveries (event_id, stream, consumer_group, status, settl
 SELECT id, 's', '', 'delivered', true, 0, 1 FROM ev ORDER BY id`,
 		"UPDATE millpond_deliveries SET status = 'pending', settled = false, delivered_at = 0 WHERE id > 18000",
 		"VACUUM millpond_events, millpond_deliveries",
-	} {
-		if _, err := db.ExecContext(ctx, stmt); err != nil {
-			t.Fatal(err)
-		}
-	}
+	)
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -100,16 +55,12 @@ SELECT id, 's', '', 'delivered', true, 0, 1 FROM ev ORDER BY id`,
 			t.Errorf("claim (plan_cache_mode %s) joins its claimed rows with its due rows:\n%s", mode, text)
 		}
 	}
-	for _, stmt := range []string{
+	execAll(ctx, t, db,
 		"UPDATE millpond_deliveries SET status = 'delivered', settled = true, delivered_at = 1 WHERE id > 18000",
 		"ANALYZE millpond_events, millpond_deliveries",
 		`UPDATE millpond_deliveries SET status = 'processing', settled = false, delivered_at = 0,
   available_at = 9000000000000000, claim_key = md5(id::TEXT) WHERE id <= 2000`,
-	} {
-		if _, err := db.ExecContext(ctx, stmt); err != nil {
-			t.Fatal(err)
-		}
-	}
+	)
 	ids := make([]int64, 1000)
 	keys := make([]string, 1000)
 	for i := range ids {

@@ -22,29 +22,18 @@ import (
 // instead of never reaching them, reads them all. Counted rows do not
 // depend on the machine's load, unlike timings.
 func TestMySQLClaimDoesNotReadBlockedRows(t *testing.T) {
-	db := mysqlPlanDB(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := New(MySQL, stdDB{db})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c, db := mysqlPlanCore(ctx, t)
 	const blocked = 9_999 // and the head: 10,000 rows
-	for _, stmt := range []string{
+	execAll(ctx, t, db,
 		`INSERT INTO millpond_events (created_at, stream, event_key, event_kind, content_hash, metadata, payload)
 SELECT 0, 's', CONCAT('k', a.d, b.d, c.d), 'K', UNHEX(SHA2('', 256)), '{}', '{}'
-FROM ` + digits + ` a, ` + digits + ` b, ` + digits + ` c`,
+FROM `+digits+` a, `+digits+` b, `+digits+` c`,
 		// The key's head is in flight under a lease; the rest wait behind it.
 		`INSERT INTO millpond_deliveries (event_id, stream, consumer_group, status, available_at, ordering_key, ordering_seq)
 SELECT id, 's', '', IF(id = 1, 'processing', 'blocked'), IF(id = 1, 9000000000000000, 0), 'hot', id FROM millpond_events ORDER BY id`,
-	} {
-		if _, err := db.ExecContext(ctx, stmt); err != nil {
-			t.Fatal(err)
-		}
-	}
+	)
 	// No ANALYZE TABLE: statistics as they are right after a large
 	// enqueue.
 	conn, err := db.Conn(ctx)
@@ -65,21 +54,15 @@ SELECT id, 's', '', IF(id = 1, 'processing', 'blocked'), IF(id = 1, 900000000000
 // delivered rows, Purge finds no delivered row among undelivered ones
 // without reading them, and Stats reads the undelivered rows only.
 func TestMySQLIndexesWithoutStatusReadOnlyTheirRows(t *testing.T) {
-	db := mysqlPlanDB(t)
-	c, err := New(MySQL, stdDB{db})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if err := c.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, db := mysqlPlanCore(ctx, t)
 	// Stream h, key "hot": 9,998 delivered events, a head in flight, one
 	// blocked event; key "other" below. Stream s: 1,000 pending events without a key.
-	for _, stmt := range []string{
+	execAll(ctx, t, db,
 		`INSERT INTO millpond_events (created_at, stream, event_key, event_kind, content_hash, metadata, payload)
 SELECT 0, 'h', CONCAT('k', a.d, b.d, c.d, e.d), 'K', UNHEX(SHA2('', 256)), '{}', '{}'
-FROM ` + digits + ` a, ` + digits + ` b, ` + digits + ` c, ` + digits + ` e`,
+FROM `+digits+` a, `+digits+` b, `+digits+` c, `+digits+` e`,
 		`INSERT INTO millpond_deliveries (event_id, stream, consumer_group, status, available_at, delivered_at, ordering_key, ordering_seq)
 SELECT id, 'h', '', CASE WHEN id <= 9998 THEN 'delivered' WHEN id = 9999 THEN 'processing' ELSE 'blocked' END, 0,
   CASE WHEN id <= 9998 THEN 1000 + id ELSE 0 END, 'hot', id FROM millpond_events ORDER BY id`,
@@ -87,19 +70,15 @@ SELECT id, 'h', '', CASE WHEN id <= 9998 THEN 'delivered' WHEN id = 9999 THEN 'p
 		// Key "other" of stream h: a head in flight and 99 blocked events.
 		`INSERT INTO millpond_events (created_at, stream, event_key, event_kind, content_hash, metadata, payload)
 SELECT 0, 'x', CONCAT('k', a.d, b.d), 'K', UNHEX(SHA2('', 256)), '{}', '{}'
-FROM ` + digits + ` a, ` + digits + ` b`,
+FROM `+digits+` a, `+digits+` b`,
 		`INSERT INTO millpond_deliveries (event_id, stream, consumer_group, status, available_at, ordering_key, ordering_seq)
 SELECT id, 'h', '', CASE WHEN id = 10001 THEN 'processing' ELSE 'blocked' END, 0, 'other', id - 10000 FROM millpond_events WHERE stream = 'x' ORDER BY id`,
 		`INSERT INTO millpond_events (created_at, stream, event_key, event_kind, content_hash, metadata, payload)
 SELECT 0, 's', CONCAT('k', a.d, b.d, c.d), 'K', UNHEX(SHA2('', 256)), '{}', '{}'
-FROM ` + digits + ` a, ` + digits + ` b, ` + digits + ` c`,
+FROM `+digits+` a, `+digits+` b, `+digits+` c`,
 		`INSERT INTO millpond_deliveries (event_id, stream, consumer_group, status, available_at)
 SELECT id, 's', '', 'pending', 0 FROM millpond_events WHERE stream = 's' ORDER BY id`,
-	} {
-		if _, err := db.ExecContext(ctx, stmt); err != nil {
-			t.Fatal(err)
-		}
-	}
+	)
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -131,9 +110,10 @@ SELECT id, 's', '', 'pending', 0 FROM millpond_events WHERE stream = 's' ORDER B
 // digits is a derived table of the rows 0 to 9.
 const digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9)"
 
-// mysqlPlanDB opens a new database of its own on the MySQL server
-// (MILLPOND_MYSQL_URL), dropped when the test ends.
-func mysqlPlanDB(t *testing.T) *sql.DB {
+// mysqlPlanCore migrates a new database of its own on the MySQL server
+// (MILLPOND_MYSQL_URL), dropped when the test ends, and returns a Core over
+// it and its pool.
+func mysqlPlanCore(ctx context.Context, t *testing.T) (*Core, *sql.DB) {
 	t.Helper()
 	raw := os.Getenv("MILLPOND_MYSQL_URL")
 	if raw == "" {
@@ -146,7 +126,6 @@ func mysqlPlanDB(t *testing.T) *sql.DB {
 	cfg := mysql.NewConfig()
 	cfg.Net, cfg.Addr, cfg.User = "tcp", u.Host, u.User.Username()
 	cfg.Passwd, _ = u.User.Password()
-	ctx := context.Background()
 	admin, err := sql.Open("mysql", cfg.FormatDSN())
 	if err == nil {
 		err = admin.PingContext(ctx)
@@ -171,7 +150,14 @@ func mysqlPlanDB(t *testing.T) *sql.DB {
 		_, _ = admin.ExecContext(context.Background(), "DROP DATABASE "+name)
 		admin.Close()
 	})
-	return db
+	c, err := New(MySQL, stdDB{db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return c, db
 }
 
 var planDBs atomic.Int64

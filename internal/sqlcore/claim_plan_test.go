@@ -19,59 +19,17 @@ import (
 // every claim: in a table of 20,000 rows a claim of a few events read every
 // one of them.
 func TestPostgresClaimDoesNotScanTheTable(t *testing.T) {
-	dsn := os.Getenv("MILLPOND_POSTGRES_URL")
-	if dsn == "" {
-		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	admin, err := sql.Open("pgx", dsn)
-	if err == nil {
-		err = admin.PingContext(ctx)
-	}
-	if err != nil {
-		if os.Getenv("MILLPOND_REQUIRE_DATABASES") == "1" {
-			t.Fatalf("postgres: %v", err)
-		}
-		t.Skipf("postgres unavailable: %v", err)
-	}
-	defer admin.Close()
-	schema := fmt.Sprintf("mp_claim_plan_%d", os.Getpid())
-	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _, _ = admin.ExecContext(context.Background(), "DROP SCHEMA "+schema+" CASCADE") }()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	db, err := sql.Open("pgx", u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	c, err := New(Postgres, stdDB{db})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	for _, stmt := range []string{
+	c, db := postgresPlanCore(ctx, t, "mp_claim_plan")
+	execAll(ctx, t, db,
 		`WITH ev AS (
   INSERT INTO millpond_events (stream, event_key, event_kind, payload, metadata, content_hash, created_at)
   SELECT 's', 'k' || g, 'K', '\x7b7d', '{}', '\x00', 0 FROM generate_series(1, 20000) AS g RETURNING id)
 INSERT INTO millpond_deliveries (event_id, stream, consumer_group, status, available_at)
 SELECT id, 's', '', 'pending', 0 FROM ev ORDER BY id`,
 		"ANALYZE millpond_events, millpond_deliveries",
-	} {
-		if _, err := db.ExecContext(ctx, stmt); err != nil {
-			t.Fatal(err)
-		}
-	}
+	)
 	for _, limit := range []int{1, 1000} {
 		q := c.stmts.claim
 		rows, err := db.QueryContext(ctx, "EXPLAIN "+q.text, q.args(map[string]any{
@@ -96,6 +54,65 @@ SELECT id, 's', '', 'pending', 0 FROM ev ORDER BY id`,
 		text := strings.Join(plan, "\n")
 		if strings.Contains(text, "Seq Scan on millpond_deliveries") {
 			t.Errorf("a claim of %d scans the whole table:\n%s", limit, text)
+		}
+	}
+}
+
+// postgresPlanCore migrates a schema of its own (name prefix and the
+// process id) on the PostgreSQL server (MILLPOND_POSTGRES_URL), dropped when
+// the test ends, and returns a Core over it and its pool.
+func postgresPlanCore(ctx context.Context, t *testing.T, prefix string) (*Core, *sql.DB) {
+	t.Helper()
+	dsn := os.Getenv("MILLPOND_POSTGRES_URL")
+	if dsn == "" {
+		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	admin, err := sql.Open("pgx", dsn)
+	if err == nil {
+		err = admin.PingContext(ctx)
+	}
+	if err != nil {
+		if os.Getenv("MILLPOND_REQUIRE_DATABASES") == "1" {
+			t.Fatalf("postgres: %v", err)
+		}
+		t.Skipf("postgres unavailable: %v", err)
+	}
+	schema := fmt.Sprintf("%s_%d", prefix, os.Getpid())
+	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	db, err := sql.Open("pgx", u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		db.Close()
+		_, _ = admin.ExecContext(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
+		admin.Close()
+	})
+	c, err := New(Postgres, stdDB{db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return c, db
+}
+
+// execAll runs the statements in order on db.
+func execAll(ctx context.Context, t *testing.T, db *sql.DB, stmts ...string) {
+	t.Helper()
+	for _, stmt := range stmts {
+		if _, err := db.ExecContext(ctx, stmt); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
