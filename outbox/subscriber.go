@@ -1008,15 +1008,14 @@ func (sub *subscription) flushAcks(batch []Receipt) {
 		// The claimer waits for these acks rather than polling (see
 		// claimLoop): wake it when they are written, whether or not the
 		// write succeeds, unless the write handed the keys' next events
-		// over (a claim would find nothing more).
-		wake := true
+		// over (a claim would find nothing more; handOver is false after
+		// a failed write).
 		defer func() {
 			sub.orderedAcks.Add(-int64(ordered))
-			if wake {
+			if !handOver {
 				sub.store.wake.notifyGroup(sub.topic, sub.cfg.ConsumerGroup)
 			}
 		}()
-		defer func() { wake = !handOver }()
 	}
 	var stale []Receipt
 	err := retry(nil, sub.cfg.Lease/2, func() error {
@@ -1038,8 +1037,6 @@ func (sub *subscription) flushAcks(batch []Receipt) {
 	})
 	if err != nil {
 		handOver = false
-	}
-	if err != nil {
 		sub.logger.Error("Could not record acks; the events will be delivered again after their leases expire", err, watermill.LogFields{"events": len(batch)})
 		return
 	}
