@@ -126,16 +126,7 @@ func mysqlPlanCore(ctx context.Context, t *testing.T) (*Core, *sql.DB) {
 	cfg := mysql.NewConfig()
 	cfg.Net, cfg.Addr, cfg.User = "tcp", u.Host, u.User.Username()
 	cfg.Passwd, _ = u.User.Password()
-	admin, err := sql.Open("mysql", cfg.FormatDSN())
-	if err == nil {
-		err = admin.PingContext(ctx)
-	}
-	if err != nil {
-		if os.Getenv("MILLPOND_REQUIRE_DATABASES") == "1" {
-			t.Fatalf("mysql: %v", err)
-		}
-		t.Skipf("mysql unavailable: %v", err)
-	}
+	admin := openServer(ctx, t, "mysql", cfg.FormatDSN(), "mysql")
 	name := fmt.Sprintf("mp_plan_%d_%d", os.Getpid(), planDBs.Add(1))
 	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
 		t.Fatal(err)
@@ -145,19 +136,7 @@ func mysqlPlanCore(ctx context.Context, t *testing.T) (*Core, *sql.DB) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		db.Close()
-		_, _ = admin.ExecContext(context.Background(), "DROP DATABASE "+name)
-		admin.Close()
-	})
-	c, err := New(MySQL, stdDB{db})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	return c, db
+	return migratedCore(ctx, t, MySQL, db, admin, "DROP DATABASE "+name), db
 }
 
 var planDBs atomic.Int64

@@ -67,16 +67,7 @@ func postgresPlanCore(ctx context.Context, t *testing.T, prefix string) (*Core, 
 	if dsn == "" {
 		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 	}
-	admin, err := sql.Open("pgx", dsn)
-	if err == nil {
-		err = admin.PingContext(ctx)
-	}
-	if err != nil {
-		if os.Getenv("MILLPOND_REQUIRE_DATABASES") == "1" {
-			t.Fatalf("postgres: %v", err)
-		}
-		t.Skipf("postgres unavailable: %v", err)
-	}
+	admin := openServer(ctx, t, "pgx", dsn, "postgres")
 	schema := fmt.Sprintf("%s_%d", prefix, os.Getpid())
 	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
 		t.Fatal(err)
@@ -92,19 +83,45 @@ func postgresPlanCore(ctx context.Context, t *testing.T, prefix string) (*Core, 
 	if err != nil {
 		t.Fatal(err)
 	}
+	return migratedCore(ctx, t, Postgres, db, admin, "DROP SCHEMA "+schema+" CASCADE"), db
+}
+
+// openServer opens and pings a database server with an administrator's
+// connection: the test fails when it is unreachable and
+// MILLPOND_REQUIRE_DATABASES=1, and is skipped otherwise.
+func openServer(ctx context.Context, t *testing.T, driver, dsn, label string) *sql.DB {
+	t.Helper()
+	admin, err := sql.Open(driver, dsn)
+	if err == nil {
+		err = admin.PingContext(ctx)
+	}
+	if err != nil {
+		if os.Getenv("MILLPOND_REQUIRE_DATABASES") == "1" {
+			t.Fatalf("%s: %v", label, err)
+		}
+		t.Skipf("%s unavailable: %v", label, err)
+	}
+	return admin
+}
+
+// migratedCore migrates a Core of dialect d over db; when the test ends it
+// closes db, runs drop (which removes the test's schema or database) on
+// admin, and closes admin.
+func migratedCore(ctx context.Context, t *testing.T, d Dialect, db, admin *sql.DB, drop string) *Core {
+	t.Helper()
 	t.Cleanup(func() {
 		db.Close()
-		_, _ = admin.ExecContext(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
+		_, _ = admin.ExecContext(context.Background(), drop)
 		admin.Close()
 	})
-	c, err := New(Postgres, stdDB{db})
+	c, err := New(d, stdDB{db})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return c, db
+	return c
 }
 
 // execAll runs the statements in order on db.
