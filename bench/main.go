@@ -361,7 +361,13 @@ func runSystem(ctx context.Context, db *database, cfg config, info systemInfo) (
 	defer cancelRun()
 	cpuBefore := sampleCPU(ctx, db)
 	start := t.now()
-	if err := sys.Start(runCtx, t); err != nil {
+	// Goroutines started here carry the label, so a CPU profile of the
+	// delivery phase alone is `go tool pprof -tagfocus phase=deliver`.
+	var startErr error
+	pprof.Do(runCtx, pprof.Labels("phase", "deliver", "system", info.name), func(runCtx context.Context) {
+		startErr = sys.Start(runCtx, t)
+	})
+	if err := startErr; err != nil {
 		res.err = fmt.Errorf("start: %w", err)
 		return res
 	}

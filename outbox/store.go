@@ -79,18 +79,27 @@ func WithoutListen() Option {
 	return func(o *storeOptions) { o.listen = false }
 }
 
+// DefaultNotifyEvery is the least time between two PostgreSQL NOTIFYs this
+// process sends per stream, unless WithNotifyEvery sets another.
+const DefaultNotifyEvery = 3 * time.Millisecond
+
 // WithNotifyEvery sets how often, at most, this process sends a PostgreSQL
-// NOTIFY per stream from enqueueing transactions (default 10 ms; negative
-// never). PostgreSQL serialises the commits of notifying transactions, so
-// notifying on every enqueue would halve producer throughput; subscribers
-// woken by one notification poll quickly for a while and so also find the
-// events of the transactions that did not notify.
+// NOTIFY per stream from enqueueing transactions (default
+// DefaultNotifyEvery; negative never). Besides, while a NOTIFY of the
+// stream has not yet come back to this store's listener (its transaction
+// has not committed), enqueues send none, for up to the larger of d and
+// 10 ms. PostgreSQL serialises the commits of notifying transactions, so
+// notifying on every enqueue of overlapping transactions would halve
+// producer throughput; a producer that commits one event at a time still
+// notifies for each. Subscribers woken by one notification poll quickly
+// for a while and so also find the events of the transactions that did
+// not notify.
 func WithNotifyEvery(d time.Duration) Option {
 	return func(o *storeOptions) { o.notifyEvery = d }
 }
 
 func buildOptions(opts []Option) storeOptions {
-	o := storeOptions{listen: true, logger: slog.New(slog.DiscardHandler), notifyEvery: 10 * time.Millisecond, statsInterval: DefaultStatsInterval}
+	o := storeOptions{listen: true, logger: slog.New(slog.DiscardHandler), notifyEvery: DefaultNotifyEvery, statsInterval: DefaultStatsInterval}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -196,6 +205,7 @@ func NewStore(b Backend, opts ...Option) (*Store, error) {
 				if stream == "" { // sent after every (re)connection
 					s.listenerUp.Store(true)
 				}
+				s.gate.seen(stream)
 				s.wake.notify(stream)
 			}, func(err error) {
 				s.listenerUp.Store(false)
@@ -302,10 +312,11 @@ func (s *Store) Enqueue(ctx context.Context, tx Tx, ev Event) (Enqueued, error) 
 	return res, nil
 }
 
-// enqueue records the event and wakes subscribers: those of this process at
-// once (they poll quickly until the transaction commits), those of other
-// processes by a PostgreSQL NOTIFY that commits with the transaction, sent
-// at most every notifyEvery per stream.
+// enqueue records the event and wakes subscribers: by a PostgreSQL NOTIFY
+// that commits with the transaction, when the gate lets one go; the
+// subscribers of this process, when no NOTIFY goes or this process's
+// listener is down, at once (they poll quickly until the transaction
+// commits).
 //
 // The NOTIFY rides in the enqueue statement itself, so it costs no round
 // trip; a duplicate enqueue sends none and leaves the next one due.
@@ -327,7 +338,11 @@ func (s *Store) enqueue(ctx context.Context, ex sqlcore.Executor, ev Event) (Enq
 	if err != nil || !res.Inserted {
 		return res, err
 	}
-	s.wake.notifySoon(ev.Stream)
+	if !notify || !s.listenerUp.Load() {
+		// No NOTIFY of this transaction will reach this process's
+		// subscribers: they poll quickly until it has committed.
+		s.wake.notifySoon(ev.Stream)
+	}
 	return res, nil
 }
 

@@ -125,38 +125,75 @@ func poke(ch chan struct{}) {
 	}
 }
 
-// notifyGate spaces out the NOTIFYs this process sends per stream.
+// notifyGate spaces out the NOTIFYs this process sends per stream. A
+// NOTIFY is outstanding from its enqueue until this process's listener
+// sees a notification for its stream (seen), that is until its transaction
+// has committed. The next enqueue of the stream notifies when the last
+// NOTIFY is at least every old and no longer outstanding, or stale: so a
+// producer that commits one event at a time notifies for each of them,
+// while transactions that overlap share one NOTIFY (PostgreSQL serialises
+// the commits of notifying transactions, and this keeps this process's
+// from queueing behind one another). A store that does not listen sees
+// nothing and notifies every stale.
 type notifyGate struct {
-	every time.Duration
+	every time.Duration // the least time between two NOTIFYs of a stream; negative: never notify
+	stale time.Duration // an outstanding NOTIFY this old no longer holds the next one back
+	now   func() time.Time
 	mu    sync.Mutex
-	last  map[string]time.Time
+	last  map[string]sentNotify // stream -> its last NOTIFY
 }
 
+type sentNotify struct {
+	at          time.Time
+	outstanding bool
+}
+
+// notifyStale is the longest an outstanding NOTIFY holds the next one
+// back: its transaction may run long or roll back, and subscribers of
+// other processes then find the stream's newer events by polling only.
+const notifyStale = 10 * time.Millisecond
+
 func newNotifyGate(every time.Duration) *notifyGate {
-	return &notifyGate{every: every, last: map[string]time.Time{}}
+	return &notifyGate{every: every, stale: max(every, notifyStale), now: time.Now, last: map[string]sentNotify{}}
 }
 
 // due reports whether a NOTIFY for stream should be sent now, and if so
-// records it.
+// records it as outstanding.
 func (g *notifyGate) due(stream string) bool {
 	if g.every < 0 {
 		return false
 	}
-	now := time.Now()
+	now := g.now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if last, ok := g.last[stream]; ok && now.Sub(last) < g.every {
-		return false
+	if last, ok := g.last[stream]; ok {
+		age := now.Sub(last.at)
+		if age < g.every || last.outstanding && age < g.stale {
+			return false
+		}
 	}
 	if len(g.last) > 10_000 {
 		clear(g.last) // bound memory for processes that publish to many streams
 	}
-	g.last[stream] = now
+	g.last[stream] = sentNotify{at: now, outstanding: true}
 	return true
 }
 
-// forget drops the record of stream's last NOTIFY, so the next due call
-// sends one: for a notification that was recorded but never queued.
+// seen records that a notification for stream arrived: the outstanding
+// NOTIFY has committed (or another process's did, which wakes the same
+// subscribers).
+func (g *notifyGate) seen(stream string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if last, ok := g.last[stream]; ok {
+		last.outstanding = false
+		g.last[stream] = last
+	}
+}
+
+// forget drops the record of stream's last NOTIFY, so the next enqueue
+// sends one at once: for a notification that was recorded but never
+// queued.
 func (g *notifyGate) forget(stream string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -6,24 +6,44 @@ import (
 )
 
 func TestNotifyGateSpacesNotificationsAndForgetsUnsentOnes(t *testing.T) {
-	g := newNotifyGate(time.Hour)
+	clock := time.Unix(0, 0)
+	g := newNotifyGate(3 * time.Millisecond)
+	g.now = func() time.Time { return clock }
+	step := func(d time.Duration) { clock = clock.Add(d) }
 	if !g.due("s") {
 		t.Fatal("first enqueue of a stream should notify")
 	}
+	g.seen("s")
 	if g.due("s") {
-		t.Fatal("second enqueue within the interval should not notify")
+		t.Fatal("an enqueue within the spacing should not notify, even after the last NOTIFY was seen")
 	}
 	if !g.due("other") {
 		t.Fatal("streams are gated separately")
 	}
+	step(3 * time.Millisecond)
+	if !g.due("s") {
+		t.Fatal("an enqueue after the spacing, its last NOTIFY seen, should notify")
+	}
+	// Not seen yet: its transaction has not committed.
+	step(5 * time.Millisecond)
+	if g.due("s") {
+		t.Fatal("an enqueue while the last NOTIFY is outstanding should not notify")
+	}
+	step(5 * time.Millisecond)
+	if !g.due("s") {
+		t.Fatal("an outstanding NOTIFY older than 10 ms should no longer hold the next back")
+	}
 	// The enqueue that was to carry the notification failed: the next one
-	// must send it instead of waiting out the interval.
+	// must send it instead of waiting.
 	g.forget("s")
 	if !g.due("s") {
 		t.Fatal("after forget, the next enqueue should notify")
 	}
 	if never := newNotifyGate(-1); never.due("s") {
 		t.Fatal("a negative interval never notifies")
+	}
+	if long := newNotifyGate(time.Second); long.stale != time.Second {
+		t.Fatalf("an outstanding NOTIFY holds the next back for %s under a 1 s spacing, want 1 s", long.stale)
 	}
 }
 
