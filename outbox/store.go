@@ -314,16 +314,16 @@ func (s *Store) Enqueue(ctx context.Context, tx Tx, ev Event) (Enqueued, error) 
 
 // enqueue records the event and wakes subscribers: by a PostgreSQL NOTIFY
 // that commits with the transaction, when the gate lets one go; the
-// subscribers of this process, when no NOTIFY goes or this process's
-// listener is down, at once (they poll quickly until the transaction
-// commits).
+// subscribers of this process at once (they poll quickly until the
+// transaction commits) unless that NOTIFY will reach them: it goes, the
+// listener is up and the stream's last NOTIFY came back.
 //
 // The NOTIFY rides in the enqueue statement itself, so it costs no round
 // trip; a duplicate enqueue sends none and leaves the next one due.
 func (s *Store) enqueue(ctx context.Context, ex sqlcore.Executor, ev Event) (Enqueued, error) {
 	ctx, span, md := s.tel.startSend(ctx, ev)
 	ev.Metadata = md
-	notify := s.gate.due(ev.Stream)
+	notify, heard := s.gate.due(ev.Stream)
 	out, err := s.core.Enqueue(ctx, withPrepared(ex, s.stmts), sqlcore.Event(ev), notify)
 	res := Enqueued(out)
 	endSend(span, err)
@@ -338,9 +338,10 @@ func (s *Store) enqueue(ctx context.Context, ex sqlcore.Executor, ev Event) (Enq
 	if err != nil || !res.Inserted {
 		return res, err
 	}
-	if !notify || !s.listenerUp.Load() {
+	if !notify || !heard || !s.listenerUp.Load() {
 		// No NOTIFY of this transaction will reach this process's
-		// subscribers: they poll quickly until it has committed.
+		// subscribers, or it may not (the stream's last one did not come
+		// back): they poll quickly until it has committed.
 		s.wake.notifySoon(ev.Stream)
 	}
 	return res, nil

@@ -158,25 +158,29 @@ func newNotifyGate(every time.Duration) *notifyGate {
 }
 
 // due reports whether a NOTIFY for stream should be sent now, and if so
-// records it as outstanding.
-func (g *notifyGate) due(stream string) bool {
+// records it as outstanding. heard reports whether the stream's previous
+// NOTIFY came back to the listener: when it did not (the first of the
+// stream, or one that went stale), this one may not either, and the
+// enqueue wakes the subscribers of this process as well.
+func (g *notifyGate) due(stream string) (send, heard bool) {
 	if g.every < 0 {
-		return false
+		return false, false
 	}
 	now := g.now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if last, ok := g.last[stream]; ok {
+	last, ok := g.last[stream]
+	if ok {
 		age := now.Sub(last.at)
 		if age < g.every || last.outstanding && age < g.stale {
-			return false
+			return false, false
 		}
 	}
 	if len(g.last) > 10_000 {
 		clear(g.last) // bound memory for processes that publish to many streams
 	}
 	g.last[stream] = sentNotify{at: now, outstanding: true}
-	return true
+	return true, ok && !last.outstanding
 }
 
 // seen records that a notification for stream arrived: the outstanding

@@ -10,36 +10,37 @@ func TestNotifyGateSpacesNotificationsAndForgetsUnsentOnes(t *testing.T) {
 	g := newNotifyGate(3 * time.Millisecond)
 	g.now = func() time.Time { return clock }
 	step := func(d time.Duration) { clock = clock.Add(d) }
-	if !g.due("s") {
-		t.Fatal("first enqueue of a stream should notify")
+	due := func(stream string) bool { send, _ := g.due(stream); return send }
+	if send, heard := g.due("s"); !send || heard {
+		t.Fatalf("first enqueue of a stream: send %v, heard %v; want a NOTIFY, not known to come back", send, heard)
 	}
 	g.seen("s")
-	if g.due("s") {
+	if due("s") {
 		t.Fatal("an enqueue within the spacing should not notify, even after the last NOTIFY was seen")
 	}
-	if !g.due("other") {
+	if !due("other") {
 		t.Fatal("streams are gated separately")
 	}
 	step(3 * time.Millisecond)
-	if !g.due("s") {
-		t.Fatal("an enqueue after the spacing, its last NOTIFY seen, should notify")
+	if send, heard := g.due("s"); !send || !heard {
+		t.Fatalf("an enqueue after the spacing, its last NOTIFY seen: send %v, heard %v; want both", send, heard)
 	}
 	// Not seen yet: its transaction has not committed.
 	step(5 * time.Millisecond)
-	if g.due("s") {
+	if due("s") {
 		t.Fatal("an enqueue while the last NOTIFY is outstanding should not notify")
 	}
 	step(5 * time.Millisecond)
-	if !g.due("s") {
-		t.Fatal("an outstanding NOTIFY older than 10 ms should no longer hold the next back")
+	if send, heard := g.due("s"); !send || heard {
+		t.Fatalf("an outstanding NOTIFY older than 10 ms: send %v, heard %v; want a NOTIFY, not known to come back", send, heard)
 	}
 	// The enqueue that was to carry the notification failed: the next one
 	// must send it instead of waiting.
 	g.forget("s")
-	if !g.due("s") {
+	if !due("s") {
 		t.Fatal("after forget, the next enqueue should notify")
 	}
-	if never := newNotifyGate(-1); never.due("s") {
+	if never := newNotifyGate(-1); func() bool { send, _ := never.due("s"); return send }() {
 		t.Fatal("a negative interval never notifies")
 	}
 	if long := newNotifyGate(time.Second); long.stale != time.Second {
