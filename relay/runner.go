@@ -307,10 +307,12 @@ func (r *runner) run(ctx context.Context) error {
 }
 
 // pipeline relays one outbox stream. Claimers claim batches of up to
-// BatchSize events with Store.Claim and hand them to the publisher; the
-// next claim runs while the previous batch is being published, and while
-// claims come back full two run at once. The publisher hands each event to
-// send, at most Window unconfirmed at once. Confirmed events go to the
+// BatchSize events with Store.Claim (over a backlog, the first claims take
+// fewer: see ramp) and hand them to the publisher; the next claim runs
+// while the previous batch is being published, and while claims come back
+// full two run at once. The publisher hands each event to send, at most
+// Window unconfirmed at once (a full window resumes in bursts: see
+// waitRoom). Confirmed events go to the
 // acknowledger, which writes every acknowledgement waiting (up to
 // outbox.MaxBatch) in one AcknowledgeBatch; failed ones go to Store.Fail
 // (retry with backoff, dead letter at the limit). An extender renews the
@@ -330,16 +332,47 @@ type pipeline struct {
 	batches chan []*item    // claimed, not yet published
 	more    chan struct{}   // a claim came back full: another claimer may claim
 	kick    chan struct{}   // acknowledged ordered events: claim again now
-	slots   chan struct{}   // one per unconfirmed publish (the window)
+	room    chan struct{}   // the window has room again (see publishLoop)
 	acks    chan *item      // confirmed, to acknowledge
 	fails   chan failedItem // failed, to settle with Store.Fail
 
 	inflight sync.WaitGroup // one per send not finished
-	sendMu   sync.Mutex     // guards closed against finish
-	closed   bool           // acks and fails are closed: late outcomes are dropped
+	// unconfirmed counts the sends not finished (the window in use): the
+	// publisher adds, finish takes off.
+	unconfirmed atomic.Int64
+	// refill is how much room a full window must have again before the
+	// publisher resumes (see publishLoop).
+	refill int64
+
+	sendMu sync.Mutex // guards closed against finish
+	closed bool       // acks and fails are closed: late outcomes are dropped
+
+	// ramp is the most the next claim takes: it starts small (firstClaim)
+	// and doubles after each full claim up to BatchSize, so that the first
+	// events of a backlog are published while the rest is being claimed
+	// rather than after a claim of a whole batch; an empty claim resets it.
+	ramp atomic.Int64
 
 	mu   sync.Mutex
 	held map[int64]outbox.Receipt // claimed, unsettled (for lease extension)
+}
+
+// firstClaim is the most the first claim over a backlog takes: a sixteenth
+// of the window (at least 32), at most BatchSize.
+func firstClaim(cfg Config) int {
+	return min(max(cfg.Window/16, 32), cfg.BatchSize)
+}
+
+// growRamp doubles the ramp after a full claim of limit events, up to
+// BatchSize (claims running at once may both grow it: the larger wins).
+func (p *pipeline) growRamp(limit int) {
+	next := int64(min(2*limit, p.r.cfg.BatchSize))
+	for {
+		cur := p.ramp.Load()
+		if cur >= next || p.ramp.CompareAndSwap(cur, next) {
+			return
+		}
+	}
 }
 
 type failedItem struct {
@@ -348,17 +381,20 @@ type failedItem struct {
 }
 
 func newPipeline(r *runner, stream string) *pipeline {
-	return &pipeline{
+	p := &pipeline{
 		r: r, stream: stream, tel: r.tel.forStream(stream, r.cfg.Group, r.target(stream)),
 		stop:    make(chan struct{}),
 		batches: make(chan []*item, 1),
 		more:    make(chan struct{}, 1),
 		kick:    make(chan struct{}, 1),
-		slots:   make(chan struct{}, r.cfg.Window),
+		room:    make(chan struct{}, 1),
+		refill:  windowRefill(r.cfg.Window),
 		acks:    make(chan *item, outbox.MaxBatch),
 		fails:   make(chan failedItem, r.cfg.Window),
 		held:    map[int64]outbox.Receipt{},
 	}
+	p.ramp.Store(int64(firstClaim(r.cfg)))
+	return p
 }
 
 func (p *pipeline) run(ctx context.Context) {
@@ -392,7 +428,7 @@ func (p *pipeline) run(ctx context.Context) {
 	case <-done:
 	case <-timer.C:
 		p.r.cfg.Logger.Info("relay: publishes not confirmed before the close timeout; their events will be retried after their leases expire",
-			"in_flight", len(p.slots))
+			"in_flight", p.unconfirmed.Load())
 	}
 	timer.Stop()
 	p.sendMu.Lock()
@@ -467,10 +503,11 @@ func (p *pipeline) claimLoop(lead bool) {
 			case <-p.more:
 			}
 		}
+		limit := int(p.ramp.Load())
 		ctx, cancel := p.opCtx()
 		began := time.Now()
 		claimed, err := p.r.store.Claim(ctx, outbox.ClaimRequest{
-			Stream: p.stream, Group: p.r.cfg.Group, Worker: p.r.cfg.Worker, Limit: p.r.cfg.BatchSize, Lease: p.r.cfg.Lease,
+			Stream: p.stream, Group: p.r.cfg.Group, Worker: p.r.cfg.Worker, Limit: limit, Lease: p.r.cfg.Lease,
 			MaxAttempts: p.r.cfg.MaxAttempts, DeadLetterPolicy: p.r.cfg.DeadLetterPolicy,
 		})
 		took := time.Since(began)
@@ -491,7 +528,16 @@ func (p *pipeline) claimLoop(lead bool) {
 			continue
 		}
 		failed.Reset()
-		full := len(claimed) == p.r.cfg.BatchSize
+		full := len(claimed) == limit
+		switch {
+		case full:
+			p.growRamp(limit)
+		case len(claimed) == 0:
+			// Caught up: the next backlog starts small again. (A short
+			// claim keeps the ramp: with ordering keys, claims often take
+			// fewer events than they may.)
+			p.ramp.Store(int64(firstClaim(p.r.cfg)))
+		}
 		if full {
 			select { // another claimer may claim at once
 			case p.more <- struct{}{}:
@@ -501,10 +547,12 @@ func (p *pipeline) claimLoop(lead bool) {
 		if len(claimed) > 0 {
 			now := time.Now()
 			batch := make([]*item, len(claimed))
+			items := make([]item, len(claimed)) // one allocation per claim
 			p.mu.Lock()
 			for i, c := range claimed {
 				p.held[c.ID] = c.Receipt()
-				batch[i] = &item{c: c, claimedAt: now}
+				items[i] = item{c: c, claimedAt: now}
+				batch[i] = &items[i]
 			}
 			p.mu.Unlock()
 			select {
@@ -572,16 +620,52 @@ func (p *pipeline) publishLoop() {
 		case batch = <-p.batches:
 		}
 		for i, it := range batch {
-			select {
-			case p.slots <- struct{}{}:
-			case <-p.stop:
+			if !p.waitRoom() {
 				p.releaseItems(batch[i:])
 				return
 			}
+			p.unconfirmed.Add(1) // only here: see waitRoom
 			p.inflight.Add(1)
 			p.r.send(p, it)
 		}
 	}
+}
+
+// windowRefill is how many confirmations a full window of the given size
+// waits for before the publisher resumes: an eighth of it, at most 64.
+func windowRefill(window int) int64 {
+	return int64(max(1, min(window/8, 64)))
+}
+
+// leaveWindow takes a finished publish off the window; the one that brings
+// a window to Window-refill unconfirmed signals room (see waitRoom).
+func (p *pipeline) leaveWindow() {
+	if p.unconfirmed.Add(-1) == int64(p.r.cfg.Window)-p.refill {
+		select {
+		case p.room <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// waitRoom waits until the window has room for one more publish; false
+// when the pipeline stops first. A full window resumes once refill of its
+// publishes are confirmed, not at each confirmation: the publisher then
+// sends a burst, which the connection writes together, instead of waking
+// up for every PubAck (a goroutine hand-over per event, and a write of one
+// message each, costing the client and the broker CPU). Only the publisher
+// adds to unconfirmed, so a window seen full stays so until finish takes
+// refill off, and the one finish that brings it to Window-refill signals
+// room (buffered: a wait that begins after it still sees it).
+func (p *pipeline) waitRoom() bool {
+	for p.unconfirmed.Load() >= int64(p.r.cfg.Window) {
+		select {
+		case <-p.room:
+		case <-p.stop:
+			return false
+		}
+	}
+	return true
 }
 
 // finish takes the outcome of one send: a confirmed event goes to the
@@ -590,7 +674,7 @@ func (p *pipeline) publishLoop() {
 // dropped as a duplicate if it had arrived).
 func (p *pipeline) finish(it *item, res result) {
 	defer p.inflight.Done()
-	defer func() { <-p.slots }()
+	defer p.leaveWindow()
 	ctx := context.Background()
 	stats := p.r.stats
 	if res.err == nil {
@@ -856,13 +940,18 @@ var internalMetadata = []string{
 func userMetadata(c outbox.Claimed) map[string]string {
 	md := make(map[string]string, len(c.Metadata))
 	for k, v := range c.Metadata {
-		if slices.Contains(internalMetadata, k) || strings.HasPrefix(k, "millpond_") {
-			continue
+		if isUserMetadata(c, k, v) {
+			md[k] = v
 		}
-		if k == outbox.MetadataCQRSName && v == c.Kind {
-			continue // the Subscriber's default
-		}
-		md[k] = v
 	}
 	return md
+}
+
+// isUserMetadata tells whether the metadata entry k=v of a claimed event is
+// the application's (see userMetadata).
+func isUserMetadata(c outbox.Claimed, k, v string) bool {
+	if slices.Contains(internalMetadata, k) || strings.HasPrefix(k, "millpond_") {
+		return false
+	}
+	return k != outbox.MetadataCQRSName || v != c.Kind // the Subscriber's default
 }
