@@ -49,11 +49,15 @@ type Config struct {
 	Kinds []string
 	// Window is the most events of one outbox stream published and not
 	// yet confirmed at once, across keys, 1-outbox.MaxBatch (default 256).
+	// A full window takes new publishes again once Window/8 of its
+	// publishes (at most 64) are confirmed, in a burst.
 	Window int
 	// BatchSize is the most events claimed at once, 1-outbox.MaxBatch
 	// (default outbox.MaxBatch). The next claim overlaps the publishing of
 	// the previous one, so up to about twice as many events are claimed at
-	// once.
+	// once. Over a backlog the first claim takes fewer, Window/16 (at least
+	// 32), and claims double while they come back full, so the first
+	// events are published before a whole batch is claimed.
 	BatchSize int
 	// Lease is the claim lease (default 30 s), extended every Lease/3 until
 	// the event is settled.
