@@ -88,3 +88,15 @@ func TestFullWindowResumesInBursts(t *testing.T) {
 		p.leaveWindow()
 	}
 }
+
+// TestClaimersByBatchAndWindow: a batch as large as the window is claimed
+// by one claimer; smaller batches by two while claims come back full.
+func TestClaimersByBatchAndWindow(t *testing.T) {
+	for _, c := range []struct{ batch, window, want int }{
+		{1000, 1000, 1}, {1000, 256, 1}, {256, 256, 1}, {100, 256, 2}, {1, 2, 2},
+	} {
+		if got := claimers(Config{BatchSize: c.batch, Window: c.window}); got != c.want {
+			t.Errorf("claimers(BatchSize %d, Window %d) = %d, want %d", c.batch, c.window, got, c.want)
+		}
+	}
+}

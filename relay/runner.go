@@ -55,9 +55,11 @@ type Config struct {
 	// BatchSize is the most events claimed at once, 1-outbox.MaxBatch
 	// (default outbox.MaxBatch). The next claim overlaps the publishing of
 	// the previous one, so up to about twice as many events are claimed at
-	// once. Over a backlog the first claim takes fewer, Window/16 (at least
-	// 32), and claims double while they come back full, so the first
-	// events are published before a whole batch is claimed.
+	// once; with a BatchSize below Window two claims run at once while
+	// they come back full. Over a backlog the first claim takes fewer,
+	// Window/16 (at least 32), and claims double while they come back
+	// full, so the first events are published before a whole batch is
+	// claimed.
 	BatchSize int
 	// Lease is the claim lease (default 30 s), extended every Lease/3 until
 	// the event is settled.
@@ -313,8 +315,9 @@ func (r *runner) run(ctx context.Context) error {
 // pipeline relays one outbox stream. Claimers claim batches of up to
 // BatchSize events with Store.Claim (over a backlog, the first claims take
 // fewer: see ramp) and hand them to the publisher; the next claim runs
-// while the previous batch is being published, and while claims come back
-// full two run at once. The publisher hands each event to send, at most
+// while the previous batch is being published, and with batches smaller
+// than the window two run at once while claims come back full (see
+// claimers). The publisher hands each event to send, at most
 // Window unconfirmed at once (a full window resumes in bursts: see
 // waitRoom). Confirmed events go to the
 // acknowledger, which writes every acknowledgement waiting (up to
@@ -407,7 +410,7 @@ func (p *pipeline) run(ctx context.Context) {
 		close(p.stop)
 	}()
 	var claimer, background sync.WaitGroup
-	for i := range claimers {
+	for i := range claimers(p.r.cfg) {
 		claimer.Add(1)
 		go func() { defer claimer.Done(); p.claimLoop(i == 0) }()
 	}
@@ -454,9 +457,21 @@ func (p *pipeline) opCtx() (context.Context, context.CancelFunc) {
 
 // claimers is how many claims of a stream may run at once while it has a
 // backlog (claims that come back full); an idle stream is polled by one.
-// Claims skip each other's rows (SKIP LOCKED on PostgreSQL), so two overlap
-// the database's work (and its commit's flush) of one with the other's.
-const claimers = 2
+// Claims skip each other's rows (SKIP LOCKED on PostgreSQL), so with
+// batches smaller than the window two overlap the database's work (and its
+// commit's flush) of one with the other's, keeping the window fed. A batch
+// as large as the window needs no second claim: while one batch is being
+// published the next waits queued and the claimer claims the one after,
+// and a second claimer only makes every claim step over more claimed rows
+// (and over the rows the other is locking) on its way to the due ones: on
+// a 2-core machine relaying 10,000 events with Window and BatchSize 1000,
+// it cost the database about 20% more CPU per event, for no throughput.
+func claimers(cfg Config) int {
+	if cfg.BatchSize >= cfg.Window {
+		return 1
+	}
+	return 2
+}
 
 // maxEmptyClaimWait bounds the lead claimer's wait after an empty claim
 // that took long (see emptyClaimWait).
