@@ -219,25 +219,38 @@ func (r *JetStream) Run(ctx context.Context) error {
 }
 
 // natsMsg builds the message of one event: subject, headers, payload.
+// The relay's own headers are set directly (their names are canonical) and
+// share one array of values: a message costs a few allocations, not one
+// per header.
 func (r *JetStream) natsMsg(c outbox.Claimed) (*nats.Msg, error) {
-	md := userMetadata(c)
-	m := &nats.Msg{Subject: r.tmpl.subject(c.Stream, c.Kind, c.Key, c.OrderingKey), Data: c.Payload,
-		Header: make(nats.Header, len(md)+6)}
-	for k, v := range md {
+	own := 4
+	if c.OrderingKey != "" {
+		own = 6
+	}
+	h := make(nats.Header, own+len(c.Metadata))
+	for k, v := range c.Metadata {
+		if !isUserMetadata(c, k, v) {
+			continue
+		}
 		if err := checkHeader(k, v); err != nil {
 			return nil, err
 		}
-		m.Header.Set(k, v)
+		h.Set(k, v)
 	}
-	m.Header.Set(jetstream.MsgIDHeader, MsgID(c.Stream, c.Key))
-	m.Header.Set(HeaderStream, c.Stream)
-	m.Header.Set(HeaderKind, c.Kind)
-	m.Header.Set(HeaderKey, c.Key)
+	vals := make([]string, 0, own)
+	set := func(k, v string) {
+		vals = append(vals, v)
+		h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
+	}
+	set(jetstream.MsgIDHeader, MsgID(c.Stream, c.Key))
+	set(HeaderStream, c.Stream)
+	set(HeaderKind, c.Kind)
+	set(HeaderKey, c.Key)
 	if c.OrderingKey != "" {
-		m.Header.Set(HeaderOrderingKey, c.OrderingKey)
-		m.Header.Set(HeaderOrderingSeq, strconv.FormatInt(c.OrderingSeq, 10))
+		set(HeaderOrderingKey, c.OrderingKey)
+		set(HeaderOrderingSeq, strconv.FormatInt(c.OrderingSeq, 10))
 	}
-	return m, nil
+	return &nats.Msg{Subject: r.tmpl.subject(c.Stream, c.Kind, c.Key, c.OrderingKey), Data: c.Payload, Header: h}, nil
 }
 
 // checkHeader refuses metadata that cannot be a NATS header or would steer

@@ -25,3 +25,78 @@ func TestEmptyClaimWait(t *testing.T) {
 		}
 	}
 }
+
+// TestFullWindowResumesInBursts: a full window of 16 (refill 2) holds the
+// publisher until two of its publishes are confirmed, not one, and never
+// lets more than the window be unconfirmed; a window of 1 resumes at each
+// confirmation.
+func TestFullWindowResumesInBursts(t *testing.T) {
+	for _, c := range []struct{ window, refill int }{{16, 2}, {1, 1}, {1000, 64}} {
+		if got := windowRefill(c.window); got != int64(c.refill) {
+			t.Errorf("windowRefill(%d) = %d, want %d", c.window, got, c.refill)
+		}
+	}
+	p := &pipeline{r: &runner{cfg: Config{Window: 16}}, stop: make(chan struct{}), room: make(chan struct{}, 1), refill: windowRefill(16)}
+	for range 16 {
+		if !p.waitRoom() {
+			t.Fatal("waitRoom false before stop")
+		}
+		p.unconfirmed.Add(1)
+	}
+	resumed := make(chan bool, 1)
+	go func() { resumed <- p.waitRoom() }()
+	p.leaveWindow()
+	if len(p.room) != 0 {
+		t.Fatal("one confirmation of a full window of 16 signalled room")
+	}
+	p.leaveWindow()
+	select {
+	case ok := <-resumed:
+		if !ok {
+			t.Fatal("waitRoom false before stop")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the publisher did not resume after two confirmations")
+	}
+	if n := p.unconfirmed.Load(); n != 14 {
+		t.Fatalf("%d unconfirmed, want 14", n)
+	}
+	// Refilled, the window takes two more without waiting, then is full.
+	for range 2 {
+		if !p.waitRoom() {
+			t.Fatal("waitRoom false before stop")
+		}
+		p.unconfirmed.Add(1)
+	}
+	go func() { resumed <- p.waitRoom() }()
+	close(p.stop)
+	select {
+	case ok := <-resumed:
+		if ok {
+			t.Fatal("waitRoom true on a full window after stop")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("waitRoom did not return after stop")
+	}
+
+	p = &pipeline{r: &runner{cfg: Config{Window: 1}}, stop: make(chan struct{}), room: make(chan struct{}, 1), refill: windowRefill(1)}
+	for range 3 {
+		if !p.waitRoom() {
+			t.Fatal("waitRoom false before stop")
+		}
+		p.unconfirmed.Add(1)
+		p.leaveWindow()
+	}
+}
+
+// TestClaimersByBatchAndWindow: a batch as large as the window is claimed
+// by one claimer; smaller batches by two while claims come back full.
+func TestClaimersByBatchAndWindow(t *testing.T) {
+	for _, c := range []struct{ batch, window, want int }{
+		{1000, 1000, 1}, {1000, 256, 1}, {256, 256, 1}, {100, 256, 2}, {1, 2, 2},
+	} {
+		if got := claimers(Config{BatchSize: c.batch, Window: c.window}); got != c.want {
+			t.Errorf("claimers(BatchSize %d, Window %d) = %d, want %d", c.batch, c.window, got, c.want)
+		}
+	}
+}

@@ -177,3 +177,38 @@ func TestIdleRelayWokenByNotification(t *testing.T) {
 	}
 	t.Logf("relayed %s after the commit", time.Since(start).Round(time.Millisecond))
 }
+
+// TestClaimsRampUpOverABacklog: a relay over a backlog claims a few events
+// first and doubles its claims while they come back full, so the first
+// events are published before a whole batch is claimed: with Window 512
+// the first claim takes 32 events, and over a backlog of 224 (32 + 64 +
+// 128) no claim takes more than 128, never the BatchSize. (The rows of one
+// claim share their lease's expiry, which tells the claims apart.)
+func TestClaimsRampUpOverABacklog(t *testing.T) {
+	for _, dialect := range testdb.Dialects {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			db := testdb.New(t, dialect)
+			store := db.Store(t)
+			if err := store.RegisterGroup(context.Background(), "s", relay.DefaultGroup); err != nil {
+				t.Fatal(err)
+			}
+			const backlog = 32 + 64 + 128
+			enqueue(t, db, store, events(backlog)...)
+			pub := newRecordingPublisher()
+			w, err := relay.NewWatermill(store, pub, relay.WatermillConfig{Config: relay.Config{Streams: []string{"s"}, Window: 512,
+				BatchSize: 1000, PollInterval: 20 * time.Millisecond}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runUntil(t, w.Run, delivered(t, db, backlog))
+			const rows = "FROM millpond_outbox WHERE consumer_group = 'relay'"
+			first := db.Count(t, "SELECT count(*) "+rows+" AND available_at = (SELECT available_at "+rows+" ORDER BY id LIMIT 1)")
+			claims := db.Count(t, "SELECT count(DISTINCT available_at) "+rows)
+			largest := db.Count(t, "SELECT max(n) FROM (SELECT count(*) AS n "+rows+" GROUP BY available_at) c")
+			if first != 32 || claims < 3 || largest > 128 {
+				t.Errorf("the first claim took %d events, %d claims the largest %d; want 32, at least 3, none over 128", first, claims, largest)
+			}
+		})
+	}
+}

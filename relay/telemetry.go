@@ -153,7 +153,7 @@ func newTelemetry(mp metric.MeterProvider) (*telemetry, error) {
 func (t *telemetry) observeInFlight(ps []*pipeline) (metric.Registration, error) {
 	return t.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		for _, p := range ps {
-			o.ObserveInt64(t.inFlight, int64(len(p.slots)), p.tel.base)
+			o.ObserveInt64(t.inFlight, p.unconfirmed.Load(), p.tel.base)
 		}
 		return nil
 	}, t.inFlight)
