@@ -56,6 +56,49 @@ var orderingCases = []conformanceCase{
 	{name: "DiscardingAHeldHeadUnblocksItsKey", run: testDiscardHeldHead},
 	{name: "RetiringAGroupCountsAndDiscardsBlockedEvents", run: testRetireWithBlocked},
 	{name: "ReroutePendingLeavesOrderedEventsInOrder", run: testReroutePendingOrdered},
+	{name: "EnqueueGivesEachGroupOneRowAndSequence", run: testOrderedEnqueueFanOut},
+}
+
+// An ordered event goes to every group that takes its kind once, even a
+// group subscribed both to every kind and to the event's kind, and each
+// group numbers the key's events on its own; with no group subscribed it
+// goes to the default group.
+func testOrderedEnqueueFanOut(t *testing.T, e *env) {
+	e.enqueue(ordered("d", "d1", "a"))
+	e.enqueue(ordered("d", "d2", "a"))
+	if n := e.count("SELECT COUNT(*) FROM millpond_outbox WHERE stream = 'd' AND consumer_group = ''"); n != 2 {
+		t.Fatalf("%d rows of the default group for 2 events with no group subscribed", n)
+	}
+	if err := e.s.RegisterGroup(e.ctx, "s", "g1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.RegisterGroup(e.ctx, "s", "g2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.RegisterGroup(e.ctx, "s", "g2", "Thing.Happened"); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"a1", "a2", "a3"} {
+		e.enqueue(ordered("s", k, "a"))
+	}
+	e.enqueue(ordered("s", "a1", "a")) // known: changes nothing
+	for _, g := range []string{"g1", "g2"} {
+		if n := e.count("SELECT COUNT(*) FROM millpond_outbox WHERE stream = 's' AND consumer_group = ?", g); n != 3 {
+			t.Fatalf("group %s has %d rows for 3 events", g, n)
+		}
+		if n := e.count("SELECT COUNT(*) FROM millpond_outbox WHERE stream = 's' AND consumer_group = ? AND status = 'pending' AND ordering_seq = 1", g); n != 1 {
+			t.Fatalf("group %s: %d pending heads with sequence number 1", g, n)
+		}
+		if n := e.count("SELECT COUNT(*) FROM millpond_outbox WHERE stream = 's' AND consumer_group = ? AND status = 'blocked' AND ordering_seq IN (2, 3)", g); n != 2 {
+			t.Fatalf("group %s: %d events blocked with sequence numbers 2 and 3", g, n)
+		}
+		if last, unsettled := e.keyState("s", g, "a"); last != 3 || unsettled != 3 {
+			t.Fatalf("group %s: key state %d/%d, want last 3 and 3 unsettled", g, last, unsettled)
+		}
+	}
+	if n := e.count("SELECT COUNT(*) FROM millpond_outbox WHERE stream = 's' AND consumer_group = ''"); n != 0 {
+		t.Fatalf("%d rows of the default group while groups take the kind", n)
+	}
 }
 
 // Discarding a dead letter that holds its key (DeadLetterHold) lets the

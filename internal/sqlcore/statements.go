@@ -482,17 +482,23 @@ RETURNING status, stream, consumer_group, ordering_key`)
 		// key that fan out to several groups never deadlock on them. After
 		// waiting for another producer of the key, ON CONFLICT DO UPDATE
 		// reads the row's latest version; the rows' status follows from it.
-		enqueueOrdered := `WITH g AS (
-  SELECT DISTINCT consumer_group FROM millpond_subscriptions WHERE stream = @stream AND event_kind IN ('', @kind::VARCHAR)),
-r AS (SELECT consumer_group FROM g UNION ALL SELECT '' WHERE NOT EXISTS (SELECT 1 FROM g)),
-ev AS (
+		// The groups are read once and outer-joined to the new event, as
+		// in the enqueue without an ordering key: no group takes the kind,
+		// the join gives one row with no group, the default group's. (A
+		// CTE of the groups, with a UNION ALL of the default group's row
+		// when it was empty, cost 30,000 more of the database's
+		// instructions per enqueue, 5% of the statement: callgrind, one
+		// backend, 500 enqueues over 50 keys.)
+		enqueueOrdered := `WITH ev AS (
   ` + insertEventCols + `  VALUES (@now, @stream::VARCHAR, @key::VARCHAR, @kind::VARCHAR, @hash::BYTEA, @metadata::TEXT, @payload::BYTEA)
   ON CONFLICT (stream, event_key) DO NOTHING
   RETURNING id),
 st AS (
   INSERT INTO millpond_ordering (stream, consumer_group, ordering_key, last_seq, unsettled)
-  SELECT @stream::VARCHAR, r.consumer_group, @okey::VARCHAR, 1, 1 FROM r, ev
-  ORDER BY r.consumer_group
+  SELECT @stream::VARCHAR, COALESCE(g.consumer_group, ''), @okey::VARCHAR, 1, 1
+  FROM ev LEFT JOIN (
+    SELECT DISTINCT consumer_group FROM millpond_subscriptions WHERE stream = @stream AND event_kind IN ('', @kind::VARCHAR)) g ON true
+  ORDER BY 2
   ON CONFLICT (stream, consumer_group, ordering_key) DO UPDATE
     SET last_seq = millpond_ordering.last_seq + 1, unsettled = millpond_ordering.unsettled + 1
   RETURNING consumer_group, last_seq, unsettled
