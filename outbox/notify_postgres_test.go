@@ -23,6 +23,16 @@ func TestPostgresEnqueueNotifiesOnceTheLastNotifyCameBack(t *testing.T) {
 	store := db.Store(t)
 	outbox.SetNotifyStale(store, time.Hour)
 	ctx := context.Background()
+	// The store's listener connects in the background: a NOTIFY sent
+	// before it listens never comes back to it.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if _, up := store.ListenerStatus(); up {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the store's listener did not connect within 10 s")
+		}
+	}
 	stream := "gate-" + db.Name // notifications reach every listener of the database
 
 	conn, err := pgx.ConnectConfig(ctx, db.Pool.Config().ConnConfig)

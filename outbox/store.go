@@ -79,19 +79,21 @@ func WithoutListen() Option {
 	return func(o *storeOptions) { o.listen = false }
 }
 
-// DefaultNotifyEvery is the least time between two PostgreSQL NOTIFYs this
-// process sends per stream, unless WithNotifyEvery sets another.
+// DefaultNotifyEvery is the least time between two PostgreSQL NOTIFYs a
+// Store sends per stream, unless WithNotifyEvery sets another.
 const DefaultNotifyEvery = 3 * time.Millisecond
 
-// WithNotifyEvery sets how often, at most, this process sends a PostgreSQL
+// WithNotifyEvery sets how often, at most, the Store sends a PostgreSQL
 // NOTIFY per stream from enqueueing transactions (default
 // DefaultNotifyEvery; negative never). Besides, while a NOTIFY of the
-// stream has not yet come back to this store's listener (its transaction
+// stream has not yet come back to the Store's listener (its transaction
 // has not committed), enqueues send none, for up to the larger of d and
 // 10 ms. PostgreSQL serialises the commits of notifying transactions, so
 // notifying on every enqueue of overlapping transactions would halve
-// producer throughput; a producer that commits one event at a time still
-// notifies for each. Subscribers woken by one notification poll quickly
+// producer throughput; a producer that commits one event at a time, at
+// least d apart, still notifies for each. Several processes enqueueing
+// into one stream at high rates each send their own: a longer d eases
+// their queueing on that lock. Subscribers woken by one notification poll quickly
 // for a while and so also find the events of the transactions that did
 // not notify.
 func WithNotifyEvery(d time.Duration) Option {

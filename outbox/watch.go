@@ -2,8 +2,8 @@ package outbox
 
 // Watch is for consumers that claim with Claim directly instead of through
 // a Subscriber (package relay does): it returns a channel signalled when
-// stream may have new due events (an Enqueue of this process, or a
-// PostgreSQL notification from another one), and a function that stops the
+// stream may have new due events (a PostgreSQL notification, or an Enqueue
+// of this Store whose notification may not reach it), and a function that stops the
 // signals. A signal is only a hint: a consumer must still poll, since
 // notifications can be lost (a listener reconnecting) and other databases
 // send none (see ListenerStatus). Watch also notes (stream, group) as

@@ -50,7 +50,7 @@ type Config struct {
 	// Window is the most events of one outbox stream published and not
 	// yet confirmed at once, across keys, 1-outbox.MaxBatch (default 256).
 	// A full window takes new publishes again once Window/8 of its
-	// publishes (at most 64) are confirmed, in a burst.
+	// publishes (at least 1, at most 64) are confirmed, in a burst.
 	Window int
 	// BatchSize is the most events claimed at once, 1-outbox.MaxBatch
 	// (default outbox.MaxBatch). The next claim overlaps the publishing of
@@ -566,7 +566,10 @@ func (p *pipeline) claimLoop(lead bool) {
 		if len(claimed) > 0 {
 			now := time.Now()
 			batch := make([]*item, len(claimed))
-			items := make([]item, len(claimed)) // one allocation per claim
+			// One allocation per claim: the claim's items (and payloads)
+			// stay in memory until its last event settles, at most the
+			// publish timeout after the others.
+			items := make([]item, len(claimed))
 			p.mu.Lock()
 			for i, c := range claimed {
 				p.held[c.ID] = c.Receipt()
