@@ -125,19 +125,20 @@ func poke(ch chan struct{}) {
 	}
 }
 
-// notifyGate spaces out the NOTIFYs this process sends per stream. A
-// NOTIFY is outstanding from its enqueue until this process's listener
-// sees a notification for its stream (seen), that is until its transaction
-// has committed. The next enqueue of the stream notifies when the last
-// NOTIFY is at least every old and no longer outstanding, or stale: so a
-// producer that commits one event at a time notifies for each of them,
-// while transactions that overlap share one NOTIFY (PostgreSQL serialises
-// the commits of notifying transactions, and this keeps this process's
-// from queueing behind one another). A store that does not listen sees
-// nothing and notifies every stale.
+// notifyGate spaces out the NOTIFYs a Store sends per stream. A NOTIFY is
+// outstanding from its enqueue until the Store's listener sees a
+// notification for its stream (seen), that is until its transaction has
+// committed. On a quiet stream, where the last NOTIFY is no longer
+// outstanding and at most one enqueue since went without one, the next
+// enqueue notifies once the last NOTIFY is every old: so a producer that
+// commits one event at a time notifies for each. On a busy stream (more
+// enqueues, or the last NOTIFY outstanding) NOTIFYs go every stale: its
+// subscribers are polling quickly after the last one anyway, and
+// PostgreSQL serialises the commits of notifying transactions. A store
+// that does not listen sees nothing and notifies every stale.
 type notifyGate struct {
-	every time.Duration // the least time between two NOTIFYs of a stream; negative: never notify
-	stale time.Duration // an outstanding NOTIFY this old no longer holds the next one back
+	every time.Duration // the least time between two NOTIFYs of a quiet stream; negative: never notify
+	stale time.Duration // the time between two NOTIFYs of a busy stream
 	now   func() time.Time
 	mu    sync.Mutex
 	last  map[string]sentNotify // stream -> its last NOTIFY
@@ -145,13 +146,19 @@ type notifyGate struct {
 
 type sentNotify struct {
 	at          time.Time
-	outstanding bool
+	outstanding bool // not seen yet
+	held        int  // enqueues since that sent none
 }
 
-// notifyStale is the longest an outstanding NOTIFY holds the next one
-// back: its transaction may run long or roll back, and subscribers of
-// other processes then find the stream's newer events by polling only.
+// notifyStale is the time between two NOTIFYs of a busy stream, and the
+// longest an outstanding NOTIFY holds the next one back (its transaction
+// may run long or roll back, and subscribers of other processes then find
+// the stream's newer events by polling only).
 const notifyStale = 10 * time.Millisecond
+
+// notifyBusy is how many enqueues without a NOTIFY since the last one make
+// a stream busy.
+const notifyBusy = 2
 
 func newNotifyGate(every time.Duration) *notifyGate {
 	return &notifyGate{every: every, stale: max(every, notifyStale), now: time.Now, last: map[string]sentNotify{}}
@@ -172,7 +179,10 @@ func (g *notifyGate) due(stream string) (send, heard bool) {
 	last, ok := g.last[stream]
 	if ok {
 		age := now.Sub(last.at)
-		if age < g.every || last.outstanding && age < g.stale {
+		quiet := !last.outstanding && last.held < notifyBusy
+		if age < g.every || !quiet && age < g.stale {
+			last.held++
+			g.last[stream] = last
 			return false, false
 		}
 	}

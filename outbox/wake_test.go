@@ -34,6 +34,29 @@ func TestNotifyGateSpacesNotificationsAndForgetsUnsentOnes(t *testing.T) {
 	if send, heard := g.due("s"); !send || heard {
 		t.Fatalf("an outstanding NOTIFY older than 10 ms: send %v, heard %v; want a NOTIFY, not known to come back", send, heard)
 	}
+	// A busy stream: two enqueues went without a NOTIFY since the last,
+	// seen, one; the next NOTIFY goes 10 ms after it, not 3.
+	g.seen("s")
+	step(time.Millisecond)
+	due("s")
+	step(time.Millisecond)
+	due("s")
+	step(2 * time.Millisecond)
+	if due("s") {
+		t.Fatal("a busy stream notified 4 ms after its last NOTIFY")
+	}
+	step(6 * time.Millisecond)
+	if !due("s") {
+		t.Fatal("a busy stream did not notify 10 ms after its last NOTIFY")
+	}
+	// One enqueue without a NOTIFY leaves a stream quiet.
+	g.seen("s")
+	step(time.Millisecond)
+	due("s")
+	step(2 * time.Millisecond)
+	if !due("s") {
+		t.Fatal("a stream with one enqueue since its last, seen, NOTIFY did not notify 3 ms after it")
+	}
 	// The enqueue that was to carry the notification failed: the next one
 	// must send it instead of waiting.
 	g.forget("s")
