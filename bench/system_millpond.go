@@ -20,7 +20,7 @@ func init() {
 	register(systemInfo{
 		name:     "millpond",
 		label:    "millpond, bare Subscriber (batch 1000, 8 in flight)",
-		notes:    "outbox.Store.Enqueue in the producer's transaction; one outbox.Subscriber of the default group (BatchSize 1000, MaxInFlight = -workers, lease 30 s) read by -workers goroutines that Ack each message; acks are written in batches; on PostgreSQL a NOTIFY per committed enqueue (at most every 3 ms per stream, none while the last is outstanding) plus quick polls after a wake-up, elsewhere a 50 ms poll and in-process wake-ups",
+		notes:    "outbox.Store.Enqueue in the producer's transaction; one outbox.Subscriber of the default group (BatchSize 1000, MaxInFlight = -workers, lease 30 s) read by -workers goroutines that Ack each message; acks are written in batches; on PostgreSQL a NOTIFY per committed enqueue on a quiet stream (at most every 3 ms), every 10 ms on a busy one, plus quick polls after a wake-up, elsewhere a 50 ms poll and in-process wake-ups",
 		order:    0,
 		dialects: allDialects,
 		new: func(o Options) System {

@@ -80,22 +80,20 @@ func WithoutListen() Option {
 }
 
 // DefaultNotifyEvery is the least time between two PostgreSQL NOTIFYs a
-// Store sends per stream, unless WithNotifyEvery sets another.
+// Store sends per quiet stream, unless WithNotifyEvery sets another.
 const DefaultNotifyEvery = 3 * time.Millisecond
 
 // WithNotifyEvery sets how often, at most, the Store sends a PostgreSQL
-// NOTIFY per stream from enqueueing transactions (default
-// DefaultNotifyEvery; negative never). Besides, while a NOTIFY of the
-// stream has not yet come back to the Store's listener (its transaction
-// has not committed), enqueues send none, for up to the larger of d and
-// 10 ms. PostgreSQL serialises the commits of notifying transactions, so
-// notifying on every enqueue of overlapping transactions would halve
-// producer throughput; a producer that commits one event at a time, at
-// least d apart, still notifies for each. Several processes enqueueing
-// into one stream at high rates each send their own: a longer d eases
-// their queueing on that lock. Subscribers woken by one notification poll quickly
-// for a while and so also find the events of the transactions that did
-// not notify.
+// NOTIFY per stream from enqueueing transactions while the stream is quiet
+// (default DefaultNotifyEvery; negative never): its last NOTIFY has come
+// back to the Store's listener (its transaction committed) and at most one
+// enqueue since went without one. A busy stream's NOTIFYs go every 10 ms,
+// or every d when longer. PostgreSQL serialises the commits of notifying
+// transactions, so notifying on every enqueue of overlapping transactions
+// would halve producer throughput, while a producer that commits one event
+// at a time, at least d apart, notifies for each. Subscribers woken by one
+// notification poll quickly for a while and so also find the events of
+// the transactions that did not notify.
 func WithNotifyEvery(d time.Duration) Option {
 	return func(o *storeOptions) { o.notifyEvery = d }
 }
