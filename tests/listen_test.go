@@ -23,37 +23,14 @@ func TestPostgresNotifyWakesSubscribersAndListenerReconnects(t *testing.T) {
 	// subscriber, so only NOTIFY can reach the subscriber's.
 	store := db.Store(t)
 	pubStore := db.Store(t, outbox.WithoutListen())
-	sub, err := outbox.NewSubscriber(store, outbox.SubscriberConfig{PollInterval: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
-	msgs, err := sub.Subscribe(context.Background(), "wake")
-	if err != nil {
-		t.Fatal(err)
-	}
+	msgs := idleSubscription(t, store, "wake")
 	pub, err := outbox.NewAutoCommitPublisher(pubStore)
 	if err != nil {
 		t.Fatal(err)
 	}
 	roundTrip := func(label string) time.Duration {
 		t.Helper()
-		id := watermill.NewUUID()
-		start := time.Now()
-		if err := pub.Publish("wake", message.NewMessage(id, []byte(label))); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case msg := <-msgs:
-			msg.Ack()
-			if msg.UUID != id {
-				t.Fatalf("%s: got message %s, want %s", label, msg.UUID, id)
-			}
-			return time.Since(start)
-		case <-time.After(500 * time.Millisecond):
-			t.Fatalf("%s: no delivery within 500 ms while the subscriber was between polls: NOTIFY did not wake it", label)
-			return 0
-		}
+		return publishAndReceive(t, pub, msgs, "wake", label, "NOTIFY did not wake it")
 	}
 	// An event delivered now is published again below, as a duplicate.
 	dup := message.NewMessage(watermill.NewUUID(), []byte("dup"))

@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -30,15 +31,7 @@ func TestInProcessEnqueueWakesItsSubscribers(t *testing.T) {
 			t.Parallel()
 			db := testdb.New(t, c.dialect)
 			store := db.Store(t, c.opts...)
-			sub, err := outbox.NewSubscriber(store, outbox.SubscriberConfig{PollInterval: time.Minute})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer sub.Close()
-			msgs, err := sub.Subscribe(context.Background(), "local")
-			if err != nil {
-				t.Fatal(err)
-			}
+			msgs := idleSubscription(t, store, "local")
 			pub, err := outbox.NewAutoCommitPublisher(store)
 			if err != nil {
 				t.Fatal(err)
@@ -48,21 +41,49 @@ func TestInProcessEnqueueWakesItsSubscribers(t *testing.T) {
 			// next poll is more than a second away.
 			time.Sleep(3 * time.Second)
 			for i := range 2 {
-				id := watermill.NewUUID()
-				if err := pub.Publish("local", message.NewMessage(id, []byte(`{}`))); err != nil {
-					t.Fatal(err)
-				}
-				select {
-				case msg := <-msgs:
-					msg.Ack()
-					if msg.UUID != id {
-						t.Fatalf("event %d: got message %s, want %s", i, msg.UUID, id)
-					}
-				case <-time.After(500 * time.Millisecond):
-					t.Fatalf("event %d: no delivery within 500 ms while the subscriber was between polls: the enqueue did not wake it", i)
-				}
+				publishAndReceive(t, pub, msgs, "local", fmt.Sprintf("event %d", i), "the enqueue did not wake it")
 				time.Sleep(2 * time.Second) // between polls again
 			}
 		})
+	}
+}
+
+// idleSubscription subscribes to stream with a poll interval of a minute, so
+// that a delivery soon after the subscriber has gone idle can only come from
+// a wake-up. The subscriber closes at the end of the test.
+func idleSubscription(t *testing.T, store *outbox.Store, stream string) <-chan *message.Message {
+	t.Helper()
+	sub, err := outbox.NewSubscriber(store, outbox.SubscriberConfig{PollInterval: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Close() })
+	msgs, err := sub.Subscribe(context.Background(), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return msgs
+}
+
+// publishAndReceive publishes one new event and requires it to arrive on
+// msgs within 500 ms (why names what failed otherwise); it returns the time
+// from publishing to receiving.
+func publishAndReceive(t *testing.T, pub message.Publisher, msgs <-chan *message.Message, stream, label, why string) time.Duration {
+	t.Helper()
+	id := watermill.NewUUID()
+	start := time.Now()
+	if err := pub.Publish(stream, message.NewMessage(id, []byte(label))); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case msg := <-msgs:
+		msg.Ack()
+		if msg.UUID != id {
+			t.Fatalf("%s: got message %s, want %s", label, msg.UUID, id)
+		}
+		return time.Since(start)
+	case <-time.After(500 * time.Millisecond):
+		t.Fatalf("%s: no delivery within 500 ms while the subscriber was between polls: %s", label, why)
+		return 0
 	}
 }
