@@ -92,6 +92,24 @@ SELECT id, 's', '', 'delivered', true, 0, 1 FROM ev ORDER BY id`,
 			}
 		}
 	}
+	// The key rows of ordered receipts are looked up by key, not read
+	// whole: a stream of 100,000 ordering keys, analyzed.
+	execAll(ctx, t, db,
+		`INSERT INTO millpond_ordering (stream, consumer_group, ordering_key, last_seq, unsettled)
+  SELECT 's', '', 'key' || g, 1, 1 FROM generate_series(1, 100000) AS g`,
+		"ANALYZE millpond_ordering",
+	)
+	for _, mode := range []string{"auto", "force_generic_plan"} {
+		if _, err := conn.ExecContext(ctx, "SET plan_cache_mode = "+mode); err != nil {
+			t.Fatal(err)
+		}
+		for name, q := range map[string]query{"ack": c.stmts.ack, "ackNext": c.stmts.ackNext, "ackOrdered": c.stmts.ackOrdered, "release": c.stmts.release} {
+			text := explain(t, conn, q.text, q.args(vals))
+			if strings.Contains(text, "Seq Scan on millpond_ordering") {
+				t.Errorf("%s (plan_cache_mode %s) reads every key row of 100,000:\n%s", name, mode, text)
+			}
+		}
+	}
 	// And the statement still does its job: the first 1,000 rows are
 	// acknowledged, in one statement.
 	settled, err := c.ack(ctx, stdDB{db}, receiptsOf(ids, keys))
