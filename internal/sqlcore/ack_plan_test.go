@@ -121,8 +121,11 @@ SELECT id, 's', '', 'delivered', true, 0, 1 FROM ev ORDER BY id`,
 	}
 }
 
-// explain is the plan of a statement with its arguments.
-func explain(t *testing.T, conn *sql.Conn, text string, args []any) string {
+// explain is the plan of a statement with its arguments, on a connection
+// (whose settings it keeps) or a pool.
+func explain(t *testing.T, conn interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}, text string, args []any) string {
 	t.Helper()
 	rows, err := conn.QueryContext(context.Background(), "EXPLAIN "+text, args...)
 	if err != nil {

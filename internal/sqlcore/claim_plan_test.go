@@ -32,26 +32,10 @@ SELECT id, 's', '', 'pending', 0 FROM ev ORDER BY id`,
 	)
 	for _, limit := range []int{1, 1000} {
 		q := c.stmts.claim
-		rows, err := db.QueryContext(ctx, "EXPLAIN "+q.text, q.args(map[string]any{
+		text := explain(t, db, q.text, q.args(map[string]any{
 			"stream": "s", "group": "", "worker": "w", "limit": limit, "max": 10,
 			"lease": micros(time.Minute), "now": nil, "hold": true, "secret": newClaimKey(),
-		})...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var plan []string
-		for rows.Next() {
-			var line string
-			if err := rows.Scan(&line); err != nil {
-				t.Fatal(err)
-			}
-			plan = append(plan, line)
-		}
-		if err := rows.Err(); err != nil {
-			t.Fatal(err)
-		}
-		rows.Close()
-		text := strings.Join(plan, "\n")
+		}))
 		if strings.Contains(text, "Seq Scan on millpond_deliveries") {
 			t.Errorf("a claim of %d scans the whole table:\n%s", limit, text)
 		}
