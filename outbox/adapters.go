@@ -122,9 +122,10 @@ func gateFor(db *sql.DB) *writeGate {
 }
 
 // enter waits for the gate (or ctx) and returns the function that leaves
-// it, safe to call more than once. A nil gate lets everything through.
+// it, safe to call more than once. A nil gate lets everything through, and
+// so does a ctx whose caller holds the gate's turn (Store.InTx).
 func (g *writeGate) enter(ctx context.Context) (func(), error) {
-	if g == nil {
+	if g == nil || holds(ctx, g) {
 		return func() {}, nil
 	}
 	select {

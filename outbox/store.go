@@ -33,6 +33,7 @@ type Store struct {
 	wake   *wakeHub
 	gate   *notifyGate
 	stmts  *stmtCache // SQLite: the enqueue's statements, prepared once (nil elsewhere)
+	writes *writeGate // SQLite: the write queue the store's statements and InTx take turns in (nil elsewhere)
 
 	mu       sync.Mutex
 	closed   bool
@@ -190,7 +191,7 @@ func NewStore(b Backend, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.pool, s.sqlDB, s.closer = b.Pool, b.DB, b.Close
+	s.pool, s.sqlDB, s.closer, s.writes = b.Pool, b.DB, b.Close, gate
 	if d == sqlcore.SQLite {
 		s.stmts = newStmtCache(b.DB, s.core.EnqueueStatements())
 	}

@@ -50,6 +50,7 @@ var conformanceCases = []conformanceCase{
 	{name: "ClaimKeysDifferPerRowAndClaim", run: testClaimKeysDiffer},
 	{name: "ExpiredLeaseIsReclaimed", run: testExpiredLease},
 	{name: "RollbackLeavesNoEventCommitMakesVisible", run: testRollbackCommit},
+	{name: "InTxCommitsOrRollsBack", run: testInTx},
 	{name: "AttemptLimitDeadLettersAndRequeue", run: testAttemptLimit},
 	{name: "LeaseExpiryAtFinalAttemptDeadLetters", run: testLeaseExpiryFinalAttempt},
 	{name: "IdempotentEnqueue", run: testIdempotentEnqueue},
@@ -462,6 +463,73 @@ func testRollbackCommit(t *testing.T, e *env) {
 	}
 	if n := e.count("SELECT COUNT(*) FROM millpond_outbox"); n != 1 {
 		t.Fatalf("want 1 row, got %d", n)
+	}
+}
+
+// testInTx: Store.InTx commits what fn wrote when it returns nil, and
+// nothing of it when fn returns an error (returned as it is) or panics (the
+// panic goes on). Store calls made inside fn with fn's context go through.
+func testInTx(t *testing.T, e *env) {
+	enqueueIn := func(key string) func(ctx context.Context, tx *sql.Tx) error {
+		return func(ctx context.Context, tx *sql.Tx) error {
+			_, err := e.s.Enqueue(ctx, outbox.SQLTx(tx), event("s", key))
+			return err
+		}
+	}
+	errNo := errors.New("the handler said no")
+	err := e.s.InTx(e.ctx, nil, func(ctx context.Context, tx *sql.Tx) error {
+		if err := enqueueIn("refused")(ctx, tx); err != nil {
+			return err
+		}
+		return fmt.Errorf("wrapped: %w", errNo)
+	})
+	if !errors.Is(err, errNo) {
+		t.Fatalf("InTx returned %v, want fn's error", err)
+	}
+	func() {
+		defer func() {
+			if r := recover(); r != "boom" {
+				t.Fatalf("recovered %v, want fn's panic", r)
+			}
+		}()
+		_ = e.s.InTx(e.ctx, nil, func(ctx context.Context, tx *sql.Tx) error {
+			if err := enqueueIn("panicked")(ctx, tx); err != nil {
+				return err
+			}
+			panic("boom")
+		})
+		t.Fatal("InTx swallowed the panic")
+	}()
+	if n := e.count("SELECT COUNT(*) FROM millpond_outbox"); n != 0 {
+		t.Fatalf("a failed or panicking InTx left %d rows", n)
+	}
+	if err := e.s.InTx(e.ctx, nil, nil); err == nil {
+		t.Fatal("InTx accepted a nil function")
+	}
+
+	var inside []outbox.StreamStats
+	err = e.s.InTx(e.ctx, nil, func(ctx context.Context, tx *sql.Tx) error {
+		if err := enqueueIn("committed")(ctx, tx); err != nil {
+			return err
+		}
+		// A read of the store inside fn, with fn's context: on SQLite it
+		// passes the write queue that InTx holds (it would wait for InTx
+		// itself otherwise).
+		readCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		var err error
+		inside, err = e.s.Stats(readCtx)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(inside) != 0 {
+		t.Fatalf("Stats inside fn saw uncommitted events: %+v", inside)
+	}
+	got := e.claim(claimReq("s", 10, time.Minute, 3))
+	if len(got) != 1 || got[0].Key != "committed" {
+		t.Fatalf("after InTx: want the committed event, got %v", got)
 	}
 }
 

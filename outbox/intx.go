@@ -1,0 +1,83 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync/atomic"
+)
+
+// InTx runs fn in a new transaction on SQLDB: the application's own writes
+// and the events they cause (Enqueue, AcknowledgeInTx, NewPublisher, all
+// with SQLTx(tx)), committed together. It commits when fn returns nil; when
+// fn returns an error it rolls back and returns that error as it is; when
+// fn panics it rolls back and the panic goes on. It does not run fn again
+// after a failed commit.
+//
+// On SQLite the transaction first waits for its turn in the store's write
+// queue, the in-process queue in which the store's own claims,
+// acknowledgements and lease extensions take turns. SQLite has one writer:
+// transactions begun on the *sql.DB directly meet the store's statements,
+// and each other, in SQLite's busy handler instead, which sleeps 1, 2, 5,
+// ... up to 100 ms per retry however soon the lock frees. Store calls made
+// inside fn with fn's ctx pass the queue (their turn is fn's); write
+// through tx there, since a write of the store outside tx would wait for tx
+// itself in the busy handler until the busy timeout. On PostgreSQL and
+// MySQL InTx is a plain transaction.
+func (s *Store) InTx(ctx context.Context, opts *sql.TxOptions, fn func(ctx context.Context, tx *sql.Tx) error) (err error) {
+	if fn == nil {
+		return errors.New("outbox: InTx: nil function")
+	}
+	db := s.SQLDB()
+	if db == nil {
+		return errors.New("outbox: InTx: the store has no database/sql handle")
+	}
+	release, err := s.writes.enter(ctx)
+	if err != nil {
+		return fmt.Errorf("outbox: InTx: waiting for the write queue: %w", err)
+	}
+	defer release()
+	if s.writes != nil {
+		t := &turn{gate: s.writes}
+		t.held.Store(true)
+		defer t.held.Store(false) // before release: a goroutine fn left behind queues again
+		ctx = context.WithValue(ctx, turnKey{}, t)
+	}
+	tx, err := db.BeginTx(ctx, opts)
+	if err != nil {
+		return fmt.Errorf("outbox: InTx: begin: %w", err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback() // fn failed or panicked: nothing of it stays
+		}
+	}()
+	if err := fn(ctx, tx); err != nil {
+		return err
+	}
+	committed = true
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("outbox: InTx: commit: %w", err)
+	}
+	return nil
+}
+
+// turnKey is the context key of a *turn.
+type turnKey struct{}
+
+// turn marks a context whose caller holds a write gate's turn (InTx): the
+// store's calls made with it pass that gate instead of waiting for their
+// own caller, until InTx returns (a subscription or goroutine started with
+// that context then waits in the queue like any other).
+type turn struct {
+	gate *writeGate
+	held atomic.Bool
+}
+
+// holds reports whether ctx carries a turn of g that is still held.
+func holds(ctx context.Context, g *writeGate) bool {
+	t, ok := ctx.Value(turnKey{}).(*turn)
+	return ok && t.gate == g && t.held.Load()
+}
