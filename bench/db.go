@@ -35,6 +35,12 @@ type database struct {
 	// time; millpond prepares its enqueue's statements there too). pgx
 	// prepares and caches statements itself; MySQL runs it by text.
 	rawInsert *sql.Stmt
+	// queue (SQLite, unless -sqlite-producers direct) runs every producer
+	// transaction, of every system and of the raw INSERT baseline alike,
+	// through Store.InTx of a store over the run's database: it waits in
+	// the in-process write queue that the millpond stores over that
+	// database share, instead of in SQLite's busy handler.
+	queue *outbox.Store
 }
 
 // dialectOf tells the dialect of a database address.
@@ -100,6 +106,9 @@ func openDatabase(ctx context.Context, address string, conns int) (*database, er
 }
 
 func (d *database) close() {
+	if d.queue != nil {
+		d.queue.Close()
+	}
 	if d.rawInsert != nil {
 		d.rawInsert.Close()
 	}
@@ -303,7 +312,11 @@ func (d *database) describe(ctx context.Context) (string, error) {
 		if err := d.db.QueryRowContext(ctx, `SELECT sqlite_version()`).Scan(&version); err != nil {
 			return "", err
 		}
-		return fmt.Sprintf("SQLite %s through modernc.org/sqlite (WAL, synchronous=FULL, busy_timeout 10 s, BEGIN IMMEDIATE), %s", version, host), nil
+		producers := "producer transactions through outbox.Store.InTx (the stores' in-process write queue)"
+		if d.queue == nil {
+			producers = "producer transactions begun on the *sql.DB (waiting in SQLite's busy handler)"
+		}
+		return fmt.Sprintf("SQLite %s through modernc.org/sqlite (WAL, synchronous=FULL, busy_timeout 10 s, BEGIN IMMEDIATE; %s), %s", version, producers, host), nil
 	}
 }
 
@@ -312,6 +325,35 @@ type benchTx struct {
 	pgx pgx.Tx
 	sql *sql.Tx
 	d   *database
+}
+
+// queueProducers makes producer transactions wait in the write queue of the
+// millpond stores over this SQLite database (see the queue field).
+func (d *database) queueProducers() error {
+	q, err := sqlite.New(d.db, outbox.WithoutListen())
+	if err != nil {
+		return err
+	}
+	d.queue = q
+	return nil
+}
+
+// inTx runs fn in a producer transaction, committed when fn returns nil.
+func (d *database) inTx(ctx context.Context, fn func(ctx context.Context, tx *benchTx) error) error {
+	if d.queue != nil {
+		return d.queue.InTx(ctx, nil, func(ctx context.Context, tx *sql.Tx) error {
+			return fn(ctx, &benchTx{sql: tx, d: d})
+		})
+	}
+	tx, err := d.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.rollback(context.WithoutCancel(ctx)) // no-op after Commit
+	if err := fn(ctx, tx); err != nil {
+		return err
+	}
+	return tx.commit(ctx)
 }
 
 // begin opens a producer transaction.

@@ -30,6 +30,7 @@ import (
 // config holds the command-line settings.
 type config struct {
 	dsn            string
+	sqliteDirect   bool
 	events         int
 	producers      int
 	workers        int
@@ -87,8 +88,18 @@ func main() {
 		"instead of the systems, time claims on streams holding backlogs blocked behind ordering keys")
 	flag.IntVar(&cfg.claimEvents, "claim-events", 100_000, "events of the ordered claim-cost stream")
 	flag.IntVar(&cfg.claimKeys, "claim-keys", 1000, "ordering keys of the ordered claim-cost stream")
+	sqliteProducers := flag.String("sqlite-producers", "intx",
+		"SQLite: how producer transactions (every system's and the raw INSERT baseline's alike) wait for the single writer: intx (outbox.Store.InTx, the store's in-process write queue) or direct (BEGIN IMMEDIATE on the *sql.DB, waiting in SQLite's busy handler)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
+	switch *sqliteProducers {
+	case "intx":
+	case "direct":
+		cfg.sqliteDirect = true
+	default:
+		fmt.Fprintf(os.Stderr, "-sqlite-producers: want intx or direct, got %q\n", *sqliteProducers)
+		os.Exit(2)
+	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err != nil {
@@ -176,6 +187,11 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	defer db.close()
+	if db.dialect == dialectSQLite && !cfg.sqliteDirect {
+		if err := db.queueProducers(); err != nil {
+			return err
+		}
+	}
 
 	env, err := db.describe(ctx)
 	if err != nil {

@@ -63,18 +63,15 @@ const rawInsertSQL = `INSERT INTO bench_plain_events (payload) VALUES (?)`
 // produceOne runs one producer transaction: a domain row and an event,
 // committed together.
 func produceOne(ctx context.Context, db *database, enqueue enqueueFunc, id int64, size int) error {
-	tx, err := db.begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer tx.rollback(context.WithoutCancel(ctx)) // no-op after Commit
-	if err := tx.exec(ctx, `INSERT INTO bench_orders (payload) VALUES (`+db.ph(1)+`)`, "order "+strconv.FormatInt(id, 10)); err != nil {
-		return fmt.Errorf("insert order: %w", err)
-	}
-	if err := enqueue(ctx, tx, makePayloadSize(id, size)); err != nil {
-		return fmt.Errorf("enqueue: %w", err)
-	}
-	return tx.commit(ctx)
+	return db.inTx(ctx, func(ctx context.Context, tx *benchTx) error {
+		if err := tx.exec(ctx, `INSERT INTO bench_orders (payload) VALUES (`+db.ph(1)+`)`, "order "+strconv.FormatInt(id, 10)); err != nil {
+			return fmt.Errorf("insert order: %w", err)
+		}
+		if err := enqueue(ctx, tx, makePayloadSize(id, size)); err != nil {
+			return fmt.Errorf("enqueue: %w", err)
+		}
+		return nil
+	})
 }
 
 // runProducers enqueues events firstID..firstID+n-1 as fast as producers
