@@ -165,6 +165,11 @@ type streamTelemetry struct {
 	base                 metric.MeasurementOption // system, stream, group, target
 	published, duplicate metric.MeasurementOption // ... and outcome
 	attrs                []attribute.KeyValue
+	// The same options as the slices the instruments take: a call with a
+	// slice of its own would allocate one per event (the instruments are
+	// interfaces, so the slice escapes).
+	baseAdd                    []metric.AddOption
+	publishedRec, duplicateRec []metric.RecordOption
 
 	mu      sync.Mutex
 	reasons map[string]metric.MeasurementOption
@@ -176,9 +181,12 @@ func (t *telemetry) forStream(stream, group, target string) *streamTelemetry {
 	with := func(extra attribute.KeyValue) metric.MeasurementOption {
 		return metric.WithAttributeSet(attribute.NewSet(append(append([]attribute.KeyValue{}, attrs...), extra)...))
 	}
-	return &streamTelemetry{t: t, attrs: attrs, base: metric.WithAttributeSet(attribute.NewSet(attrs...)),
+	st := &streamTelemetry{t: t, attrs: attrs, base: metric.WithAttributeSet(attribute.NewSet(attrs...)),
 		published: with(outbox.AttrOutcome.String(OutcomePublished)), duplicate: with(outbox.AttrOutcome.String(OutcomeDuplicate)),
 		reasons: map[string]metric.MeasurementOption{}}
+	st.baseAdd = []metric.AddOption{st.base}
+	st.publishedRec, st.duplicateRec = []metric.RecordOption{st.published}, []metric.RecordOption{st.duplicate}
+	return st
 }
 
 func (st *streamTelemetry) reason(r string) metric.MeasurementOption {
@@ -195,16 +203,16 @@ func (st *streamTelemetry) reason(r string) metric.MeasurementOption {
 // confirmed counts one confirmed publish and records its latencies.
 func (st *streamTelemetry) confirmed(ctx context.Context, dup bool, claimedAt, createdAt time.Time) {
 	now := time.Now()
-	outcome := st.published
+	outcome := st.publishedRec
 	if dup {
-		st.t.duplicates.Add(ctx, 1, st.base)
-		outcome = st.duplicate
+		st.t.duplicates.Add(ctx, 1, st.baseAdd...)
+		outcome = st.duplicateRec
 	} else {
-		st.t.published.Add(ctx, 1, st.base)
+		st.t.published.Add(ctx, 1, st.baseAdd...)
 	}
-	st.t.publishLatency.Record(ctx, now.Sub(claimedAt).Seconds(), outcome)
+	st.t.publishLatency.Record(ctx, now.Sub(claimedAt).Seconds(), outcome...)
 	if !createdAt.IsZero() {
-		st.t.deliveryLatency.Record(ctx, max(now.Sub(createdAt), 0).Seconds(), outcome)
+		st.t.deliveryLatency.Record(ctx, max(now.Sub(createdAt), 0).Seconds(), outcome...)
 	}
 }
 

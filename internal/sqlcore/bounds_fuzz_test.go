@@ -282,7 +282,7 @@ func TestStatementsBindEveryParameter(t *testing.T) {
 	known := map[string]bool{}
 	for _, n := range []string{"now", "stream", "group", "key", "kind", "payload", "metadata", "hash", "delay", "worker",
 		"limit", "max", "lease", "ids", "keys", "id", "reason", "all_groups", "after", "horizon", "expires",
-		"hold", "okey", "seq", "status", "head", "streams", "groups", "okeys", "eid", "secret"} {
+		"hold", "okey", "seq", "status", "head", "streams", "groups", "okeys", "eid", "secret", "key_bytes"} {
 		known[n] = true
 	}
 	for _, d := range []Dialect{Postgres, MySQL, SQLite} {

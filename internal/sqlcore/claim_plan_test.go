@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -34,7 +35,7 @@ SELECT id, 's', '', 'pending', 0 FROM ev ORDER BY id`,
 		q := c.stmts.claim
 		text := explain(t, db, q.text, q.args(map[string]any{
 			"stream": "s", "group": "", "worker": "w", "limit": limit, "max": 10,
-			"lease": micros(time.Minute), "now": nil, "hold": true, "secret": newClaimKey(),
+			"lease": micros(time.Minute), "now": nil, "hold": true, "key_bytes": claimKeyBytes(limit),
 		}))
 		if strings.Contains(text, "Seq Scan on millpond_deliveries") {
 			t.Errorf("a claim of %d scans the whole table:\n%s", limit, text)
@@ -149,3 +150,68 @@ func (s stdTx) QueryContext(ctx context.Context, query string, args ...any) (Row
 
 func (s stdTx) Commit() error   { return s.tx.Commit() }
 func (s stdTx) Rollback() error { return s.tx.Rollback() }
+
+// The PostgreSQL claim returns its rows in the order its UPDATE found them
+// (the table's physical order), which is not id order once rows moved, and
+// Core.Claim sorts them: oldest first, as on every database.
+func TestPostgresClaimReturnsOldestFirst(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, db := postgresPlanCore(ctx, t, "mp_claim_order")
+	execAll(ctx, t, db,
+		`WITH ev AS (
+  INSERT INTO millpond_events (stream, event_key, event_kind, payload, metadata, content_hash, created_at)
+  SELECT 's', 'k' || g, 'K', '\x7b7d', '{}', '\x00', 0 FROM generate_series(1, 300) AS g RETURNING id)
+INSERT INTO millpond_deliveries (event_id, stream, consumer_group, status, available_at)
+SELECT id, 's', '', 'pending', 0 FROM ev ORDER BY id`,
+		// Rows of the first page grow past its free space and move to
+		// later pages, after rows of higher ids.
+		"UPDATE millpond_deliveries SET last_error = repeat('x', 500) WHERE id <= 40",
+	)
+	req := ClaimRequest{Stream: "s", Group: "", Worker: "w", Limit: 1000, Lease: time.Minute, MaxAttempts: 10}
+	// The statement alone returns the rows out of id order.
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := c.stmts.claim
+	rows, err := tx.QueryContext(ctx, q.text, q.args(map[string]any{
+		"stream": req.Stream, "group": req.Group, "worker": req.Worker, "limit": req.Limit, "max": req.MaxAttempts,
+		"lease": micros(req.Lease), "now": nil, "hold": true, "key_bytes": claimKeyBytes(req.Limit),
+	})...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw []int64
+	for rows.Next() {
+		var id int64
+		vals := make([]any, 14)
+		vals[0] = &id
+		for i := 1; i < len(vals); i++ {
+			vals[i] = new(any)
+		}
+		if err := rows.Scan(vals...); err != nil {
+			t.Fatal(err)
+		}
+		raw = append(raw, id)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	_ = tx.Rollback()
+	if len(raw) != 300 || slices.IsSorted(raw) {
+		t.Fatalf("the claim statement returned %d rows, sorted %v: the test needs all 300, out of id order", len(raw), slices.IsSorted(raw))
+	}
+	got, err := c.Claim(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 300 {
+		t.Fatalf("claimed %d rows, want 300", len(got))
+	}
+	for i := 1; i < len(got); i++ {
+		if got[i-1].ID >= got[i].ID {
+			t.Fatalf("claimed rows out of id order: %d before %d", got[i-1].ID, got[i].ID)
+		}
+	}
+}

@@ -347,6 +347,18 @@ func derivedClaimKey(secret string, id int64) string {
 	return hex.EncodeToString(sum[:16])
 }
 
+// claimKeyBytes returns the random bytes of a PostgreSQL claim's keys: 16
+// (128 bits) for each of the n rows it may take; the claim hands each row
+// its own 16, in hex.
+func claimKeyBytes(n int) []byte {
+	b := make([]byte, 16*n)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails on supported platforms
+	return b
+}
+
+// byID orders claimed rows by id.
+func byID(a, b Claimed) int { return cmp.Compare(a.ID, b.ID) }
+
 // Claim takes up to req.Limit due events (pending and available, or
 // processing with an expired lease), oldest first, under a new lease with a
 // fresh claim key each. Due events whose attempts are used up are
@@ -372,11 +384,15 @@ func (c *Core) Claim(ctx context.Context, req ClaimRequest) ([]Claimed, error) {
 		expired = due // ids of due rows whose lease expired (and 0)
 	}
 	q := c.stmts.claim
-	rows, err := c.db.QueryContext(ctx, q.text, q.args(map[string]any{
+	vals := map[string]any{
 		"stream": req.Stream, "group": req.Group, "worker": req.Worker, "limit": req.Limit,
 		"max": req.MaxAttempts, "lease": micros(req.Lease), "now": c.nowArg(),
-		"hold": req.DeadLetterPolicy == DeadLetterHold, "secret": newClaimKey(),
-	})...)
+		"hold": req.DeadLetterPolicy == DeadLetterHold,
+	}
+	if c.dialect == Postgres {
+		vals["key_bytes"] = claimKeyBytes(req.Limit)
+	}
+	rows, err := c.db.QueryContext(ctx, q.text, q.args(vals)...)
 	if err != nil {
 		return nil, err
 	}
@@ -421,7 +437,11 @@ func (c *Core) Claim(ctx context.Context, req ClaimRequest) ([]Claimed, error) {
 		if out, err = c.withContent(ctx, c.db, out, eventIDs); err != nil {
 			return nil, err
 		}
-		slices.SortFunc(out, func(a, b Claimed) int { return cmp.Compare(a.ID, b.ID) })
+	}
+	// Oldest first: PostgreSQL returns the rows in the order its UPDATE
+	// found them, SQLite in any order.
+	if !slices.IsSortedFunc(out, byID) {
+		slices.SortFunc(out, byID)
 	}
 	return c.settleExhausted(ctx, req, out), nil
 }
