@@ -12,6 +12,7 @@ import (
 // cpuTimes is CPU time consumed so far by the bench process, by the
 // database's server processes serving the bench's database (PostgreSQL on
 // this machine; autovacuum is left out, the sampling connection counted),
+// or MariaDB's connection threads serving it (on this machine),
 // and by the NATS server (on this machine; it may serve others too). A part
 // that cannot be read is negative.
 type cpuTimes struct {
@@ -64,6 +65,32 @@ func sampleCPU(ctx context.Context, db *database) cpuTimes {
 			}
 		}
 	}
+	if db.db != nil && db.dialect == dialectMySQL {
+		// MariaDB runs a thread per connection and names it in
+		// PROCESSLIST.TID (MySQL has no such column: the query fails and
+		// the database's time stays unknown). InnoDB's background threads
+		// (purge, page cleaner, log writer) are left out.
+		rows, err := db.db.QueryContext(ctx, `SELECT TID FROM information_schema.PROCESSLIST WHERE DB = DATABASE()`)
+		if err == nil {
+			var sum time.Duration
+			t.backends = map[backend]time.Duration{}
+			for rows.Next() {
+				var tid int
+				if rows.Scan(&tid) == nil {
+					if d, start, ok := threadCPU(strconv.Itoa(tid)); ok {
+						t.backends[backend{tid, start}] = d
+						sum += d
+					}
+				}
+			}
+			rows.Close()
+			if rows.Err() == nil {
+				t.db = sum
+			} else {
+				t.backends = nil
+			}
+		}
+	}
 	t.nats = -1
 	if entries, err := os.ReadDir("/proc"); err == nil {
 		for _, e := range entries {
@@ -104,6 +131,28 @@ func procStat(pid string) (cpu time.Duration, start int64, ok bool) {
 	}
 	const ticks = 100 // USER_HZ on Linux
 	return time.Duration(u+st) * time.Second / ticks, start, true
+}
+
+// threadCPU is the CPU time of a thread (any thread's id is a /proc
+// entry) in nanoseconds, from /proc/<tid>/schedstat (a connection thread
+// runs for well under a clock tick per statement), and its start time.
+func threadCPU(tid string) (cpu time.Duration, start int64, ok bool) {
+	if _, start, ok = procStat(tid); !ok {
+		return 0, 0, false
+	}
+	b, err := os.ReadFile("/proc/" + tid + "/schedstat")
+	if err != nil {
+		return 0, 0, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0, 0, false
+	}
+	ns, err := strconv.ParseInt(f[0], 10, 64)
+	if err != nil {
+		return 0, 0, false
+	}
+	return time.Duration(ns), start, true
 }
 
 // sub is the CPU time spent between two samples (negative when unknown).
