@@ -12,6 +12,7 @@ import (
 // cpuTimes is CPU time consumed so far by the bench process, by the
 // database's server processes serving the bench's database (PostgreSQL on
 // this machine; autovacuum is left out, the sampling connection counted),
+// or MariaDB's connection threads serving it (on this machine),
 // and by the NATS server (on this machine; it may serve others too). A part
 // that cannot be read is negative.
 type cpuTimes struct {
@@ -23,6 +24,11 @@ type cpuTimes struct {
 	// its time; a backend that exited before the second sample is left
 	// out (pool connections live through a measured phase).
 	backends map[backend]time.Duration
+	// ours, when not nil, names the backends of backends that serve the
+	// bench's database (MariaDB, whose backends are the threads of every
+	// connection); the others only tell how much time a thread that
+	// switched to the bench's database had used before.
+	ours map[backend]bool
 }
 
 // backend identifies a server process: its pid and its start time (in
@@ -61,6 +67,53 @@ func sampleCPU(ctx context.Context, db *database) cpuTimes {
 			rows.Close()
 			if rows.Err() == nil {
 				t.db = sum
+			}
+		}
+	}
+	if db.db != nil && db.dialect == dialectMySQL {
+		// MariaDB runs a thread per connection and names it in
+		// PROCESSLIST.TID (MySQL has no such column: the query fails and
+		// the database's time stays unknown). InnoDB's background threads
+		// (purge, page cleaner, log writer) are left out.
+		// Every connection thread is sampled, those serving other
+		// databases too: the server reuses a thread of its cache for a
+		// new connection, and only the time since the first sample counts.
+		rows, err := db.db.QueryContext(ctx, `SELECT TID, COALESCE(DB = DATABASE(), 0) FROM information_schema.PROCESSLIST`)
+		if err == nil {
+			var sum time.Duration
+			t.backends = map[backend]time.Duration{}
+			t.ours = map[backend]bool{}
+			for rows.Next() {
+				var tid int
+				var ours bool
+				if rows.Scan(&tid, &ours) == nil {
+					if d, start, ok := threadCPU(strconv.Itoa(tid)); ok {
+						t.backends[backend{tid, start}] = d
+						if ours {
+							t.ours[backend{tid, start}] = true
+							sum += d
+						}
+					}
+				}
+			}
+			rows.Close()
+			// Threads in the server's cache are in no PROCESSLIST row:
+			// sample every thread of the server process as well.
+			if tgid := serverProcess(t.backends); tgid != "" {
+				if tasks, err := os.ReadDir("/proc/" + tgid + "/task"); err == nil {
+					for _, task := range tasks {
+						if d, start, ok := threadCPU(task.Name()); ok {
+							if tid, err := strconv.Atoi(task.Name()); err == nil {
+								t.backends[backend{tid, start}] = d
+							}
+						}
+					}
+				}
+			}
+			if rows.Err() == nil {
+				t.db = sum
+			} else {
+				t.backends = nil
 			}
 		}
 	}
@@ -106,6 +159,45 @@ func procStat(pid string) (cpu time.Duration, start int64, ok bool) {
 	return time.Duration(u+st) * time.Second / ticks, start, true
 }
 
+// serverProcess is the process id (Tgid) of the first of the threads that
+// can be read, or "".
+func serverProcess(threads map[backend]time.Duration) string {
+	for b := range threads {
+		status, err := os.ReadFile("/proc/" + strconv.Itoa(b.pid) + "/status")
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(status), "\n") {
+			if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
+				return strings.TrimSpace(v)
+			}
+		}
+	}
+	return ""
+}
+
+// threadCPU is the CPU time of a thread (any thread's id is a /proc
+// entry) in nanoseconds, from /proc/<tid>/schedstat (a connection thread
+// runs for well under a clock tick per statement), and its start time.
+func threadCPU(tid string) (cpu time.Duration, start int64, ok bool) {
+	if _, start, ok = procStat(tid); !ok {
+		return 0, 0, false
+	}
+	b, err := os.ReadFile("/proc/" + tid + "/schedstat")
+	if err != nil {
+		return 0, 0, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0, 0, false
+	}
+	ns, err := strconv.ParseInt(f[0], 10, 64)
+	if err != nil {
+		return 0, 0, false
+	}
+	return time.Duration(ns), start, true
+}
+
 // sub is the CPU time spent between two samples (negative when unknown).
 func (t cpuTimes) sub(from cpuTimes) cpuTimes {
 	d := func(a, b time.Duration) time.Duration {
@@ -118,6 +210,9 @@ func (t cpuTimes) sub(from cpuTimes) cpuTimes {
 	if t.backends != nil && from.backends != nil {
 		db = 0
 		for b, v := range t.backends {
+			if t.ours != nil && !t.ours[b] {
+				continue
+			}
 			v0, ok := from.backends[b]
 			switch {
 			case !ok:

@@ -142,6 +142,14 @@ func (d *database) exec(ctx context.Context, query string, args ...any) error {
 	return err
 }
 
+// mysqlNumbers is a derived table of the numbers 0 to 999,999 in column n
+// (MySQL and MariaDB; a recursive CTE would stop at MySQL's recursion
+// depth of 1,000).
+const mysqlNumbers = `(SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d + 100000 * h.d AS n
+FROM ` + mysqlDigits + ` a, ` + mysqlDigits + ` b, ` + mysqlDigits + ` c, ` + mysqlDigits + ` e, ` + mysqlDigits + ` f, ` + mysqlDigits + ` h)`
+
+const mysqlDigits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9)"
+
 // execAll runs each statement in turn (MySQL and SQLite take one at a time).
 func (d *database) execAll(ctx context.Context, queries ...string) error {
 	for _, q := range queries {

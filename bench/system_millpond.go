@@ -144,10 +144,28 @@ func (s *millpondSystem) Reset(ctx context.Context) error {
 }
 
 // Prefill writes delivered rows straight into the table, as months of
-// history would leave them (PostgreSQL only).
+// history would leave them (PostgreSQL and MySQL).
 func (s *millpondSystem) Prefill(ctx context.Context, n int) error {
+	if s.db.dialect == dialectMySQL {
+		err := s.db.exec(ctx,
+			`INSERT INTO millpond_events (stream, event_key, event_kind, payload, metadata, content_hash, created_at)
+SELECT ?, CONCAT('prefill-', g.n), 'bench', REPEAT('x', 200), '{}', UNHEX(SHA2('prefill', 256)), 0
+FROM `+mysqlNumbers+` g WHERE g.n < ? ORDER BY g.n`, millpondStream, n)
+		if err == nil {
+			err = s.db.exec(ctx,
+				`INSERT INTO millpond_deliveries (event_id, stream, consumer_group, status, attempts, claim_key, available_at, delivered_at)
+SELECT id, stream, '', 'delivered', 1, MD5(id), 0, 1 FROM millpond_events WHERE event_key LIKE 'prefill-%' ORDER BY id`)
+		}
+		if err == nil {
+			err = s.db.execAll(ctx, "ANALYZE TABLE millpond_events", "ANALYZE TABLE millpond_deliveries")
+		}
+		if err != nil {
+			return fmt.Errorf("prefill: %w", err)
+		}
+		return nil
+	}
 	if s.db.dialect != dialectPostgres {
-		return errors.New("prefill is implemented for PostgreSQL only")
+		return errors.New("prefill is implemented for PostgreSQL and MySQL only")
 	}
 	err := s.db.exec(ctx, `
 		WITH ev AS (

@@ -117,8 +117,20 @@ func (s *watermillSystem) Reset(ctx context.Context) error {
 }
 
 func (s *watermillSystem) Prefill(ctx context.Context, n int) error {
+	if s.db.dialect == dialectMySQL {
+		// Acked rows, as the queue schema's offsets adapter leaves them
+		// (mark acked, no delete).
+		table := "`watermill_" + watermillTopic + "`"
+		err := s.db.exec(ctx, `INSERT INTO `+table+` (uuid, payload, metadata, acked)
+SELECT UUID(), JSON_OBJECT('id', -g.n, 'pad', REPEAT('x', 180)), '{}', TRUE
+FROM `+mysqlNumbers+` g WHERE g.n < ? ORDER BY g.n`, n)
+		if err == nil {
+			err = s.db.exec(ctx, "ANALYZE TABLE "+table)
+		}
+		return err
+	}
 	if s.db.dialect != dialectPostgres {
-		return errors.New("prefill is implemented for PostgreSQL only")
+		return errors.New("prefill is implemented for PostgreSQL and MySQL only")
 	}
 	err := s.db.exec(ctx, `
 		INSERT INTO "watermill_`+watermillTopic+`" (uuid, payload, metadata, acked)

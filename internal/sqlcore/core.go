@@ -469,29 +469,40 @@ func (c *Core) withContent(ctx context.Context, ex Executor, out []Claimed, even
 	return kept, nil
 }
 
-// claimMySQL locks due rows with SKIP LOCKED, then claims or dead-letters
-// them, in one transaction.
+// claimMySQL finds due rows with a plain read, then locks them with SKIP
+// LOCKED and claims or dead-letters them, in one transaction.
+//
+// The read runs before the transaction, on the pool: under READ COMMITTED
+// it would see no more inside it, and the locking read checks each row's
+// state again. A poll that finds nothing due is then one statement, not a
+// transaction of four round trips (its isolation level, BEGIN, the read,
+// COMMIT).
 func (c *Core) claimMySQL(ctx context.Context, req ClaimRequest) ([]Claimed, error) {
+	vals := map[string]any{"stream": req.Stream, "group": req.Group, "limit": req.Limit, "now": c.nowArg()}
+	due, err := c.queryIDs(ctx, c.db, c.stmts.claimDue.text, c.stmts.claimDue.args(vals))
+	if err != nil || len(due) == 0 {
+		return nil, err
+	}
+	q := c.stmts.claimSelect
+	text, extra := expandIDs(q.text, slices.Sorted(maps.Keys(due)))
+	lockArgs := append(q.args(vals), extra...)
 	var out []Claimed
-	err := c.inTxRetry(ctx, "claim", &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
+	err = c.inTxRetry(ctx, "claim", &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
 		out = out[:0]
-		vals := map[string]any{"stream": req.Stream, "group": req.Group, "limit": req.Limit, "now": c.nowArg()}
-		due, err := c.queryIDs(ctx, tx, c.stmts.claimDue.text, c.stmts.claimDue.args(vals))
-		if err != nil || len(due) == 0 {
-			return err
-		}
-		q := c.stmts.claimSelect
-		text, extra := expandIDs(q.text, slices.Sorted(maps.Keys(due)))
-		rows, err := tx.QueryContext(ctx, text, append(q.args(vals), extra...)...)
+		rows, err := tx.QueryContext(ctx, text, lockArgs...)
 		if err != nil {
 			return err
 		}
 		var dead, eventIDs []int64
+		// The lease is measured from the database clock of the locking
+		// read (each row returns it), which takes its locks without
+		// waiting (SKIP LOCKED).
+		var now int64
 		for rows.Next() {
 			var cl Claimed
 			var status string
 			var eid, availableAt int64
-			if err := rows.Scan(&cl.ID, &cl.Stream, &cl.Group, &eid, &cl.Attempts, &cl.ClaimKey, &availableAt, &cl.OrderingKey, &cl.OrderingSeq, &status); err != nil {
+			if err := rows.Scan(&cl.ID, &cl.Stream, &cl.Group, &eid, &cl.Attempts, &cl.ClaimKey, &availableAt, &cl.OrderingKey, &cl.OrderingSeq, &status, &now); err != nil {
 				rows.Close()
 				return err
 			}
@@ -523,11 +534,6 @@ func (c *Core) claimMySQL(ctx context.Context, req ClaimRequest) ([]Claimed, err
 			return nil
 		}
 		if out, err = c.withContent(ctx, tx, out, eventIDs); err != nil {
-			return err
-		}
-		// The lease is measured from the database clock, read after the lock.
-		now, err := c.resolveNow(ctx, tx)
-		if err != nil {
 			return err
 		}
 		expires := now + micros(req.Lease)
@@ -583,6 +589,15 @@ func (c *Core) acknowledge(ctx context.Context, rs []Receipt, hand *ClaimRequest
 	}
 	rs = sortedReceipts(rs)
 	var settled map[int64]bool
+	if c.dialect == MySQL && hand == nil {
+		all, err := c.ackAllMySQL(ctx, rs)
+		if err != nil {
+			return nil, nil, err
+		}
+		if all {
+			return nil, nil, nil
+		}
+	}
 	if c.dialect == MySQL {
 		err = c.inTxRetry(ctx, "acknowledge", &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
 			var err error
@@ -720,6 +735,43 @@ func (c *Core) ackMySQL(ctx context.Context, ex Executor, rs []Receipt, hand *Cl
 	}
 	next, err := c.releaseKeysNext(ctx, ex, keys, hand)
 	return live, next, err
+}
+
+// errNotAll ends ackAllMySQL's transaction when its UPDATE did not settle
+// every receipt.
+var errNotAll = errors.New("not every receipt was settled")
+
+// ackAllMySQL is the first try of an acknowledgement on MySQL (rs in id
+// order, in a transaction of its own): one UPDATE settles the receipts'
+// rows, in id order, when they are processing under a live lease held by
+// the receipt and have no ordering key. When it changed as many rows as
+// there are receipts, every receipt was settled and the transaction
+// commits: true. Otherwise (a stale receipt, a row with an ordering key,
+// a receipt named twice) it rolls back, which releases the rows it locked,
+// and the caller settles the receipts the usual way, a locking read
+// first: false. Rolling back keeps every transaction locking its rows in
+// one pass in id order (see inIDOrder); keeping the rows it changed and
+// locking the others in a second pass would not. Rows that match are
+// always changed (their status changes), so the count is the same
+// whether the connection reports changed or matched rows.
+func (c *Core) ackAllMySQL(ctx context.Context, rs []Receipt) (bool, error) {
+	q := c.stmts.ackAll
+	text, extra := expandReceipts(q.text, inIDOrder(rs))
+	args := append(q.args(map[string]any{"now": c.nowArg()}), extra...)
+	err := c.inTxRetry(ctx, "acknowledge", &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
+		res, err := tx.ExecContext(ctx, text, args...)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n != int64(len(rs)) {
+			return errNotAll
+		}
+		return nil
+	})
+	if errors.Is(err, errNotAll) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 // inIDOrder returns the receipts sorted by event id (a copy; rs is left as

