@@ -521,7 +521,7 @@ g AS MATERIALIZED (
 up AS (
   UPDATE millpond_ordering m SET last_seq = m.last_seq + 1, unsettled = m.unsettled + 1
   WHERE (SELECT count(*) FROM g) = 1
-    AND m.stream = @stream::VARCHAR AND m.consumer_group = ANY(ARRAY(SELECT consumer_group FROM g)) AND m.ordering_key = @okey::VARCHAR
+    AND m.stream = @stream::VARCHAR AND m.consumer_group = (SELECT min(consumer_group) FROM g) AND m.ordering_key = @okey::VARCHAR
   RETURNING m.consumer_group, m.last_seq, m.unsettled
 ),
 ups AS (
