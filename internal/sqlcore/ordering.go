@@ -19,10 +19,8 @@ import (
 //
 // Producers and settlers of a key serialise on that row:
 //
-//   - Enqueue takes the row's lock (last_seq+1, unsettled+1: on PostgreSQL
-//     an UPDATE for an event of one group, an upsert for a key's first
-//     event or an event of several groups) and holds it until its
-//     transaction ends, so two producers of one key
+//   - Enqueue takes the row's lock (an upsert: last_seq+1, unsettled+1) and
+//     holds it until its transaction ends, so two producers of one key
 //     commit in the order of their sequence numbers. The event is inserted
 //     pending when it is the only unsettled one (unsettled is 1), blocked
 //     otherwise. A rolled-back transaction rolls its increment back with it.
