@@ -99,6 +99,33 @@ func testOrderedEnqueueFanOut(t *testing.T, e *env) {
 	if n := e.count("SELECT COUNT(*) FROM millpond_outbox WHERE stream = 's' AND consumer_group = ''"); n != 0 {
 		t.Fatalf("%d rows of the default group while groups take the kind", n)
 	}
+	// A group registered since: the next event of the key is its first
+	// (a new key row, sequence 1, pending) and the others' fourth.
+	if err := e.s.RegisterGroup(e.ctx, "s", "g3"); err != nil {
+		t.Fatal(err)
+	}
+	e.enqueue(ordered("s", "a4", "a"))
+	for g, want := range map[string]struct {
+		seq    int64
+		status string
+	}{"g1": {4, "blocked"}, "g2": {4, "blocked"}, "g3": {1, "pending"}} {
+		if n := e.count("SELECT COUNT(*) FROM millpond_outbox WHERE stream = 's' AND consumer_group = ? AND event_key = 'a4' AND status = ? AND ordering_seq = ?", g, want.status, want.seq); n != 1 {
+			t.Fatalf("group %s: a4 is not %s with sequence number %d", g, want.status, want.seq)
+		}
+		if last, unsettled := e.keyState("s", g, "a"); last != want.seq || unsettled != want.seq {
+			t.Fatalf("group %s: key state %d/%d, want %d/%d", g, last, unsettled, want.seq, want.seq)
+		}
+	}
+	// One group: the key row of a new key is inserted, then counted on.
+	for i, k := range []string{"b1", "b2", "b3"} {
+		e.enqueue(ordered("d", k, "b"))
+		if last, unsettled := e.keyState("d", "", "b"); last != int64(i+1) || unsettled != int64(i+1) {
+			t.Fatalf("default group, event %d: key state %d/%d", i+1, last, unsettled)
+		}
+	}
+	if n := e.count("SELECT COUNT(*) FROM millpond_outbox WHERE stream = 'd' AND ordering_key = 'b' AND status = 'blocked' AND ordering_seq IN (2, 3)"); n != 2 {
+		t.Fatalf("%d events of key b blocked with sequence numbers 2 and 3", n)
+	}
 }
 
 // Discarding a dead letter that holds its key (DeadLetterHold) lets the

@@ -129,6 +129,14 @@ const nextBlockedPG = `SELECT b.id FROM millpond_deliveries b
       AND b.settled AND b.delivered_at = 0 AND b.ordering_key <> '' AND b.status = 'blocked'
     ORDER BY b.ordering_seq LIMIT 1`
 
+// promotePG (PostgreSQL) follows a CTE nxt(id) naming the next blocked
+// event of each key whose head was settled, under that key row's lock: it
+// makes them pending. As in handOverPG, the UPDATE locks the rows itself,
+// through the primary key, with no separate lock step.
+const promotePG = `
+UPDATE millpond_deliveries o SET status = 'pending', settled = false, available_at = GREATEST(o.available_at, @now)
+WHERE o.id = ANY(ARRAY(SELECT id FROM nxt)) AND o.status = 'blocked'`
+
 // releaseCTEs (PostgreSQL) follow a CTE or subquery src(stream,
 // consumer_group, ordering_key) listing settled heads (a key listed twice is
 // released twice): they lock the key rows in (stream, group, key) order, the
@@ -151,30 +159,42 @@ ks AS MATERIALIZED (
 
 // handOverPG (PostgreSQL) follows a CTE nxt(id) naming the next blocked
 // event of each key whose head was settled in this statement or
-// transaction, under that key row's lock: it locks them in id order and
-// promotes them, and instead of making them pending it claims, as a claim
-// would (a claim key derived from @secret, the lease @lease, @worker, one more attempt),
-// those of the consumer group @stream/@group that are due and have
-// attempts left, the first @limit of them in id order. Its CTE promoted
-// returns them with hand true; the others became pending.
+// transaction, under that key row's lock: it promotes them and, instead of
+// making them pending, claims, as a claim would (a claim key derived from
+// @secret, the lease @lease, @worker, one more attempt), those of the
+// consumer group @stream/@group that are due and have attempts left, the
+// first @limit of them in id order (hn, a plain read: a blocked row changes
+// only under its key row's lock, which this transaction holds, or is
+// deleted). Its CTE promoted returns them with hand true; the others became
+// pending. The UPDATE locks the rows itself as it reaches them through the
+// primary key (= ANY of an array: in id order by an index scan, in page
+// order by a bitmap scan, which the planner takes once the table has
+// statistics): locked first by a SELECT ... FOR UPDATE in id order, each
+// row cost one more WAL record (a lock record, then the update's) and one
+// more visit. The order matters less here than elsewhere: these rows are
+// blocked, their keys' rows locked by this transaction, so no other
+// acknowledgement, claim, extension or release locks them; only a discard
+// of the group's undelivered rows (id order) does, and it already meets
+// the acknowledgement's locks of heads before next events out of id order
+// (a deadlock the database resolves and the store retries).
 const handOverPG = `
-lk AS MATERIALIZED (
-  SELECT o.id, o.stream = @stream AND o.consumer_group = @group AND o.available_at <= @now AND o.attempts < @max AS due
-  FROM millpond_deliveries o WHERE o.id IN (SELECT id FROM nxt) AND o.status = 'blocked'
-  ORDER BY o.id
-  FOR UPDATE OF o
-), hn AS (
-  SELECT id, due AND row_number() OVER (PARTITION BY due ORDER BY id) <= @limit AS hand FROM lk
+hn AS MATERIALIZED (
+  SELECT d.id FROM (
+    SELECT o.id, row_number() OVER (ORDER BY o.id) AS r FROM millpond_deliveries o
+    WHERE o.id = ANY(ARRAY(SELECT id FROM nxt)) AND o.status = 'blocked'
+      AND o.stream = @stream AND o.consumer_group = @group AND o.available_at <= @now AND o.attempts < @max
+  ) d WHERE d.r <= @limit
 ), promoted AS (
   UPDATE millpond_deliveries o SET
-    status = CASE WHEN hn.hand THEN 'processing' ELSE 'pending' END,
+    status = CASE WHEN o.id = ANY(ARRAY(SELECT id FROM hn)) THEN 'processing' ELSE 'pending' END,
     settled = false,
-    attempts = CASE WHEN hn.hand THEN o.attempts + 1 ELSE o.attempts END,
-    claimed_by = CASE WHEN hn.hand THEN @worker::VARCHAR ELSE o.claimed_by END,
-    claim_key = CASE WHEN hn.hand THEN left(encode(sha256(convert_to(@secret::TEXT || o.id::TEXT, 'UTF8')), 'hex'), 32) ELSE o.claim_key END,
-    available_at = CASE WHEN hn.hand THEN @now + @lease::BIGINT ELSE GREATEST(o.available_at, @now) END
-  FROM hn WHERE o.id = hn.id
-  RETURNING o.id, o.event_id, o.stream, o.consumer_group, o.attempts, o.claim_key, o.available_at, o.ordering_key, o.ordering_seq, hn.hand
+    attempts = CASE WHEN o.id = ANY(ARRAY(SELECT id FROM hn)) THEN o.attempts + 1 ELSE o.attempts END,
+    claimed_by = CASE WHEN o.id = ANY(ARRAY(SELECT id FROM hn)) THEN @worker::VARCHAR ELSE o.claimed_by END,
+    claim_key = CASE WHEN o.id = ANY(ARRAY(SELECT id FROM hn)) THEN left(encode(sha256(convert_to(@secret::TEXT || o.id::TEXT, 'UTF8')), 'hex'), 32) ELSE o.claim_key END,
+    available_at = CASE WHEN o.id = ANY(ARRAY(SELECT id FROM hn)) THEN @now + @lease::BIGINT ELSE GREATEST(o.available_at, @now) END
+  WHERE o.id = ANY(ARRAY(SELECT id FROM nxt)) AND o.status = 'blocked'
+  RETURNING o.id, o.event_id, o.stream, o.consumer_group, o.attempts, o.claim_key, o.available_at, o.ordering_key, o.ordering_seq,
+    o.status = 'processing' AS hand
 )`
 
 const claimColumns = "id, stream, consumer_group, event_key, event_kind, payload, metadata, attempts, claim_key, available_at, created_at, ordering_key, ordering_seq"
@@ -421,14 +441,7 @@ FROM claimed c JOIN millpond_events e ON e.id = c.event_id WHERE c.status = 'pro
 ), nxt AS MATERIALIZED (
   SELECT (` + nextBlockedPG + `) AS id FROM dec k WHERE k.unsettled > 0
 )`
-		s.ack = c(ack + `, lk AS MATERIALIZED (
-  SELECT o.id FROM millpond_deliveries o WHERE o.id IN (SELECT id FROM nxt) AND o.status = 'blocked'
-  ORDER BY o.id
-  FOR UPDATE OF o
-), promoted AS (
-  UPDATE millpond_deliveries o SET status = 'pending', settled = false, available_at = GREATEST(o.available_at, @now)
-  FROM lk WHERE o.id = lk.id
-)
+		s.ack = c(ack + `, promoted AS (` + promotePG + `)
 SELECT id FROM acked`)
 		// The same acknowledgement handing the next events over (see
 		// handOverPG): it returns the acknowledged ids (handed false) and
@@ -456,21 +469,14 @@ SELECT 0, stream, consumer_group, ordering_key, unsettled FROM dec WHERE unsettl
   SELECT * FROM unnest(@streams::TEXT[], @groups::TEXT[], @okeys::TEXT[]) AS k(stream, consumer_group, ordering_key)
 )` + releaseCTEs + `
 SELECT stream, consumer_group, ordering_key FROM dec WHERE unsettled > 0`)
-		// The next blocked event of each key, locked in id order. Blocked
+		// The next blocked event of each key becomes pending. Blocked
 		// rows are settled (out of the claim index) but not delivered, like
 		// dead letters; the blocked index holds both kinds of rows with an
 		// ordering key.
 		s.promoteKeys = c(`WITH nxt AS MATERIALIZED (
   SELECT (` + nextBlockedPG + `) AS id
   FROM unnest(@streams::TEXT[], @groups::TEXT[], @okeys::TEXT[]) AS k(stream, consumer_group, ordering_key)
-), lk AS MATERIALIZED (
-  SELECT o.id FROM millpond_deliveries o
-  WHERE o.id IN (SELECT id FROM nxt) AND o.status = 'blocked'
-  ORDER BY o.id
-  FOR UPDATE OF o
-)
-UPDATE millpond_deliveries o SET status = 'pending', settled = false, available_at = GREATEST(o.available_at, @now)
-FROM lk WHERE o.id = lk.id`)
+)` + promotePG)
 		// The same promotion handing the next events over (see handOverPG).
 		s.promoteNext = c(`WITH nxt AS MATERIALIZED (
   SELECT (` + nextBlockedPG + `) AS id
@@ -502,6 +508,14 @@ RETURNING status, stream, consumer_group, ordering_key`)
 		// when it was empty, cost 30,000 more of the database's
 		// instructions per enqueue, 5% of the statement: callgrind, one
 		// backend, 500 enqueues over 50 keys.)
+		// The delivery rows are inserted without ON CONFLICT, as in the
+		// unordered enqueue: they belong to the event this statement
+		// inserted (ev), which no other transaction sees, so none can
+		// exist; a speculative insertion wrote one WAL record more per row.
+		// (A plain UPDATE of an existing key row, with the upsert only for
+		// a key's first event, spares the upsert's lock record too, but
+		// the CTEs it needs cost the backend more CPU per enqueue than the
+		// record saved: measured, not kept.)
 		enqueueOrdered := `WITH ev AS (
   ` + insertEventCols + `  VALUES (@now, @stream::VARCHAR, @key::VARCHAR, @kind::VARCHAR, @hash::BYTEA, @metadata::TEXT, @payload::BYTEA)
   ON CONFLICT (stream, event_key) DO NOTHING
@@ -522,7 +536,6 @@ ins AS (
     CASE WHEN st.unsettled = 1 THEN 'pending' ELSE 'blocked' END, st.unsettled <> 1,
     @now + @delay::BIGINT, @okey::VARCHAR, st.last_seq
   FROM ev, st%s
-  ON CONFLICT (event_id, consumer_group) DO NOTHING
   RETURNING id, consumer_group
 )
 SELECT st.consumer_group, COALESCE(ins.id, 0) FROM st LEFT JOIN ins ON ins.consumer_group = st.consumer_group`
