@@ -17,12 +17,7 @@ import (
 func TestMySQLAckOfLiveReceiptsIsOneUpdate(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	_, db := mysqlPlanCore(ctx, t)
-	rec := &recordingDB{DB: stdDB{db}}
-	c, err := New(MySQL, rec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, rec, db := recordingMySQLCore(ctx, t)
 	execAll(ctx, t, db,
 		`INSERT INTO millpond_events (created_at, stream, event_key, event_kind, content_hash, metadata, payload)
 SELECT 0, 's', CONCAT('k', a.d, b.d), 'K', UNHEX(SHA2('', 256)), '{}', '{}' FROM `+digits+` a, `+digits+` b`,
@@ -92,12 +87,7 @@ SELECT id, 's', '', 'pending', 0 FROM millpond_events ORDER BY id`)
 func TestMySQLClaimStatements(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	_, db := mysqlPlanCore(ctx, t)
-	rec := &recordingDB{DB: stdDB{db}}
-	c, err := New(MySQL, rec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, rec, db := recordingMySQLCore(ctx, t)
 	req := ClaimRequest{Stream: "s", Worker: "w", Limit: 10, Lease: time.Minute, MaxAttempts: 3}
 	rec.reset()
 	if claimed, err := c.Claim(ctx, req); err != nil || len(claimed) != 0 {
@@ -194,4 +184,17 @@ func (t recordingTx) ExecContext(ctx context.Context, q string, args ...any) (Re
 func (t recordingTx) QueryContext(ctx context.Context, q string, args ...any) (Rows, error) {
 	t.r.note(q)
 	return t.Tx.QueryContext(ctx, q, args...)
+}
+
+// recordingMySQLCore is a MySQL core over a fresh plan-test database whose
+// statements rec records.
+func recordingMySQLCore(ctx context.Context, t *testing.T) (*Core, *recordingDB, *sql.DB) {
+	t.Helper()
+	_, db := mysqlPlanCore(ctx, t)
+	rec := &recordingDB{DB: stdDB{db}}
+	c, err := New(MySQL, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, rec, db
 }
