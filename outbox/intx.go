@@ -23,8 +23,10 @@ import (
 // ... up to 100 ms per retry however soon the lock frees. Store calls made
 // inside fn with fn's ctx pass the queue (their turn is fn's); write
 // through tx there, since a write of the store outside tx would wait for tx
-// itself in the busy handler until the busy timeout. On PostgreSQL and
-// MySQL InTx is a plain transaction.
+// itself in the busy handler until the busy timeout. A store call inside fn
+// with another context (context.Background(), say) waits in the queue for
+// InTx to return, that is for ever or until that context ends: pass fn's
+// ctx on. On PostgreSQL and MySQL InTx is a plain transaction.
 func (s *Store) InTx(ctx context.Context, opts *sql.TxOptions, fn func(ctx context.Context, tx *sql.Tx) error) (err error) {
 	if fn == nil {
 		return errors.New("outbox: InTx: nil function")
