@@ -55,6 +55,9 @@ var (
 	// transaction: the outbox never opens one implicitly, so an event cannot
 	// commit apart from the data it describes.
 	ErrNoTransaction = errors.New("outbox: an open transaction is required (outbox.SQLTx or outbox.PgxTx); refusing an implicit one")
+	// ErrNestedTransaction reports Store.InTx called with the context of
+	// an InTx of the same store that is still running.
+	ErrNestedTransaction = errors.New("outbox: InTx called inside an InTx of the same store; pass its tx on instead of opening a second transaction")
 	// ErrClosed reports use of a closed Publisher or Subscriber.
 	ErrClosed = errors.New("outbox: closed")
 )

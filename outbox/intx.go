@@ -27,6 +27,12 @@ import (
 // with another context (context.Background(), say) waits in the queue for
 // InTx to return, that is for ever or until that context ends: pass fn's
 // ctx on. On PostgreSQL and MySQL InTx is a plain transaction.
+//
+// InTx called with the ctx of an InTx of the same store that is still
+// running (a helper that wraps its own work in InTx, called from fn)
+// returns ErrNestedTransaction at once, on every dialect: a second
+// transaction would commit apart from the first (and on SQLite wait for
+// it). Take fn's tx as a parameter in such helpers instead.
 func (s *Store) InTx(ctx context.Context, opts *sql.TxOptions, fn func(ctx context.Context, tx *sql.Tx) error) (err error) {
 	if fn == nil {
 		return errors.New("outbox: InTx: nil function")
@@ -35,17 +41,18 @@ func (s *Store) InTx(ctx context.Context, opts *sql.TxOptions, fn func(ctx conte
 	if db == nil {
 		return errors.New("outbox: InTx: the store has no database/sql handle")
 	}
+	if t, ok := ctx.Value(turnKey{}).(*turn); ok && t.store == s && t.held.Load() {
+		return ErrNestedTransaction
+	}
 	release, err := s.writes.enter(ctx)
 	if err != nil {
 		return fmt.Errorf("outbox: InTx: waiting for the write queue: %w", err)
 	}
 	defer release()
-	if s.writes != nil {
-		t := &turn{gate: s.writes}
-		t.held.Store(true)
-		defer t.held.Store(false) // before release: a goroutine fn left behind queues again
-		ctx = context.WithValue(ctx, turnKey{}, t)
-	}
+	t := &turn{store: s, gate: s.writes}
+	t.held.Store(true)
+	defer t.held.Store(false) // before release: a goroutine fn left behind queues again
+	ctx = context.WithValue(ctx, turnKey{}, t)
 	tx, err := db.BeginTx(ctx, opts)
 	if err != nil {
 		return fmt.Errorf("outbox: InTx: begin: %w", err)
@@ -69,17 +76,19 @@ func (s *Store) InTx(ctx context.Context, opts *sql.TxOptions, fn func(ctx conte
 // turnKey is the context key of a *turn.
 type turnKey struct{}
 
-// turn marks a context whose caller holds a write gate's turn (InTx): the
-// store's calls made with it pass that gate instead of waiting for their
-// own caller, until InTx returns (a subscription or goroutine started with
+// turn marks the context InTx hands its function: a nested InTx of the
+// same store is refused, and on SQLite the store's calls made with it pass
+// the write gate whose turn InTx holds instead of waiting for their own
+// caller, until InTx returns (a subscription or goroutine started with
 // that context then waits in the queue like any other).
 type turn struct {
-	gate *writeGate
-	held atomic.Bool
+	store *Store
+	gate  *writeGate // nil but on SQLite
+	held  atomic.Bool
 }
 
 // holds reports whether ctx carries a turn of g that is still held.
 func holds(ctx context.Context, g *writeGate) bool {
 	t, ok := ctx.Value(turnKey{}).(*turn)
-	return ok && t.gate == g && t.held.Load()
+	return ok && g != nil && t.gate == g && t.held.Load()
 }

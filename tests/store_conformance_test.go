@@ -508,9 +508,15 @@ func testInTx(t *testing.T, e *env) {
 	}
 
 	var inside []outbox.StreamStats
+	var leftover context.Context
 	err = e.s.InTx(e.ctx, nil, func(ctx context.Context, tx *sql.Tx) error {
+		leftover = ctx
 		if err := enqueueIn("committed")(ctx, tx); err != nil {
 			return err
+		}
+		// A nested InTx would commit apart from this one: refused at once.
+		if err := e.s.InTx(ctx, nil, enqueueIn("nested")); !errors.Is(err, outbox.ErrNestedTransaction) {
+			return fmt.Errorf("nested InTx returned %v, want ErrNestedTransaction", err)
 		}
 		// A read of the store inside fn, with fn's context: on SQLite it
 		// passes the write queue that InTx holds (it would wait for InTx
@@ -530,6 +536,10 @@ func testInTx(t *testing.T, e *env) {
 	got := e.claim(claimReq("s", 10, time.Minute, 3))
 	if len(got) != 1 || got[0].Key != "committed" {
 		t.Fatalf("after InTx: want the committed event, got %v", got)
+	}
+	// Once InTx has returned, its context starts an InTx like any other.
+	if err := e.s.InTx(leftover, nil, enqueueIn("after")); err != nil {
+		t.Fatalf("InTx with an ended InTx's context: %v", err)
 	}
 }
 
