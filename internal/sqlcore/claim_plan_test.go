@@ -24,11 +24,7 @@ func TestPostgresClaimDoesNotScanTheTable(t *testing.T) {
 	defer cancel()
 	c, db := postgresPlanCore(ctx, t, "mp_claim_plan")
 	execAll(ctx, t, db,
-		`WITH ev AS (
-  INSERT INTO millpond_events (stream, event_key, event_kind, payload, metadata, content_hash, created_at)
-  SELECT 's', 'k' || g, 'K', '\x7b7d', '{}', '\x00', 0 FROM generate_series(1, 20000) AS g RETURNING id)
-INSERT INTO millpond_deliveries (event_id, stream, consumer_group, status, available_at)
-SELECT id, 's', '', 'pending', 0 FROM ev ORDER BY id`,
+		pendingEventsPG(20000),
 		"ANALYZE millpond_events, millpond_deliveries",
 	)
 	for _, limit := range []int{1, 1000} {
@@ -159,11 +155,7 @@ func TestPostgresClaimReturnsOldestFirst(t *testing.T) {
 	defer cancel()
 	c, db := postgresPlanCore(ctx, t, "mp_claim_order")
 	execAll(ctx, t, db,
-		`WITH ev AS (
-  INSERT INTO millpond_events (stream, event_key, event_kind, payload, metadata, content_hash, created_at)
-  SELECT 's', 'k' || g, 'K', '\x7b7d', '{}', '\x00', 0 FROM generate_series(1, 300) AS g RETURNING id)
-INSERT INTO millpond_deliveries (event_id, stream, consumer_group, status, available_at)
-SELECT id, 's', '', 'pending', 0 FROM ev ORDER BY id`,
+		pendingEventsPG(300),
 		// Rows of the first page grow past its free space and move to
 		// later pages, after rows of higher ids.
 		"UPDATE millpond_deliveries SET last_error = repeat('x', 500) WHERE id <= 40",
@@ -214,4 +206,14 @@ SELECT id, 's', '', 'pending', 0 FROM ev ORDER BY id`,
 			t.Fatalf("claimed rows out of id order: %d before %d", got[i-1].ID, got[i].ID)
 		}
 	}
+}
+
+// pendingEventsPG is a PostgreSQL statement inserting n events of stream s,
+// each with a pending delivery row of the default group, in id order.
+func pendingEventsPG(n int) string {
+	return fmt.Sprintf(`WITH ev AS (
+  INSERT INTO millpond_events (stream, event_key, event_kind, payload, metadata, content_hash, created_at)
+  SELECT 's', 'k' || g, 'K', '\x7b7d', '{}', '\x00', 0 FROM generate_series(1, %d) AS g RETURNING id)
+INSERT INTO millpond_deliveries (event_id, stream, consumer_group, status, available_at)
+SELECT id, 's', '', 'pending', 0 FROM ev ORDER BY id`, n)
 }
