@@ -143,7 +143,7 @@ func runRelayBench(ctx context.Context, db *database, cfg config, env string) er
 				return fmt.Errorf("%s: %w", s.name, err)
 			}
 			logf("relay run %d: %s: %.0f ev/s; CPU µs/event: client %s, database %s, NATS %s", run+1, s.name, rate,
-				perEvent(cpu.client, cfg.events), perEvent(cpu.db, cfg.events), perEvent(cpu.nats, cfg.events))
+				perEvent1(cpu.client, cfg.events), perEvent1(cpu.db, cfg.events), perEvent1(cpu.nats, cfg.events))
 			rates[i] = append(rates[i], rate)
 			cpus[i] = append(cpus[i], cpu)
 		}
@@ -220,6 +220,15 @@ func relayMsg(i int) *nats.Msg {
 	h.Set(relay.HeaderKind, "OrderPlaced")
 	h.Set(relay.HeaderKey, key)
 	return &nats.Msg{Subject: relaySubjectPrefix + "." + relayBenchTopic + ".OrderPlaced", Header: h, Data: relayPayload(i)}
+}
+
+// perEvent1 formats a CPU time per event in µs with one decimal ("–" when
+// unknown).
+func perEvent1(d time.Duration, n int) string {
+	if d < 0 || n == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.1f", float64(d.Nanoseconds())/1e3/float64(n))
 }
 
 // perEvent formats a CPU time per event in µs ("–" when unknown).
