@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"time"
 
@@ -360,6 +361,8 @@ func benchRelay(ctx context.Context, db *database, store *outbox.Store, nc *nats
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
+	var mem0, mem1 runtime.MemStats
+	runtime.ReadMemStats(&mem0)
 	cpu0 := sampleCPU(ctx, db)
 	start := time.Now()
 	go func() { done <- r.Run(runCtx) }()
@@ -378,7 +381,11 @@ func benchRelay(ctx context.Context, db *database, store *outbox.Store, nc *nats
 	if rerr := <-done; err == nil {
 		err = rerr
 	}
-	return float64(n) / elapsed.Seconds(), sampleCPU(ctx, db).sub(cpu0), err
+	cpu := sampleCPU(ctx, db).sub(cpu0)
+	runtime.ReadMemStats(&mem1)
+	logf("relay: %.1f allocations, %.0f bytes allocated per event, %d GC cycles (client)",
+		float64(mem1.Mallocs-mem0.Mallocs)/float64(n), float64(mem1.TotalAlloc-mem0.TotalAlloc)/float64(n), mem1.NumGC-mem0.NumGC)
+	return float64(n) / elapsed.Seconds(), cpu, err
 }
 
 func benchForwarder(ctx context.Context, db *database, natsURL string, st jetstream.Stream, n int) (float64, cpuTimes, error) {
