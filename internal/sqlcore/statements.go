@@ -361,7 +361,8 @@ n AS (SELECT pg_notify('`+NotifyChannel+`', @stream::TEXT))`, ", n"))
 		// The claimed rows come back in the order the UPDATE found them
 		// (usually id order): Core.Claim sorts them, which spared the claim
 		// a sort of the rows with their payloads (another 20% of the
-		// statement's CPU).
+		// statement's CPU). The rows' stream and group are the request's:
+		// not returned.
 		// A claimed row is reclaimed when it was processing (its lease had
 		// expired): the ids of those, an array read once (usually empty),
 		// tell. Joined with the due rows instead, the claimed rows were
@@ -391,7 +392,7 @@ n AS (SELECT pg_notify('`+NotifyChannel+`', @stream::TEXT))`, ", n"))
   WHERE o.id = ANY(ARRAY(SELECT id FROM due))
   RETURNING o.id, o.event_id, o.stream, o.consumer_group, o.attempts, o.claim_key, o.available_at, o.ordering_key, o.ordering_seq, o.status
 )
-SELECT c.id, c.stream, c.consumer_group, e.event_key, e.event_kind, e.payload, e.metadata, c.attempts, c.claim_key, c.available_at, e.created_at, c.ordering_key, c.ordering_seq,
+SELECT c.id, e.event_key, e.event_kind, e.payload, e.metadata, c.attempts, c.claim_key, c.available_at, e.created_at, c.ordering_key, c.ordering_seq,
   c.id = ANY(ARRAY(SELECT id FROM due WHERE status = 'processing')) AS reclaimed
 FROM claimed c JOIN millpond_events e ON e.id = c.event_id WHERE c.status = 'processing'`)
 		// Statements that lock several rows lock them first, in id order, in
