@@ -75,7 +75,21 @@ type JetStream struct {
 	// (onPubAck, onPubErr) takes them out and finishes them.
 	unconfirmedMu sync.Mutex
 	unconfirmed   map[*nats.Msg]unconfirmedPub
+
+	// msgs holds messages of confirmed publishes, for natsMsg to reuse
+	// (see recycle).
+	msgs sync.Pool
+
+	// subjects caches the subject of each stream and kind when the
+	// template uses neither {key} nor {ordering_key} (see subject).
+	subjectsMu sync.Mutex
+	subjects   map[streamKind]string
 }
+
+type streamKind struct{ stream, kind string }
+
+// subjectCacheSize bounds the subject cache; a full cache starts over.
+const subjectCacheSize = 1 << 12
 
 // unconfirmedPub is an asynchronous publish waiting for its outcome.
 type unconfirmedPub struct {
@@ -125,7 +139,8 @@ func NewJetStream(ctx context.Context, store *outbox.Store, nc *nats.Conn, cfg J
 	if !nc.IsConnected() {
 		return nil, fmt.Errorf("%w: the connection is %s", ErrUnreachable, strings.ToLower(nc.Status().String()))
 	}
-	r := &JetStream{cfg: cfg, tmpl: tmpl, last: map[string]uint64{}, unconfirmed: map[*nats.Msg]unconfirmedPub{}}
+	r := &JetStream{cfg: cfg, tmpl: tmpl, last: map[string]uint64{}, unconfirmed: map[*nats.Msg]unconfirmedPub{},
+		subjects: map[streamKind]string{}}
 	// The outcomes of asynchronous publishes come to the handlers, on the
 	// client's goroutines: no goroutine of the relay wakes up for each.
 	js, err := jetstream.New(nc,
@@ -219,15 +234,17 @@ func (r *JetStream) Run(ctx context.Context) error {
 }
 
 // natsMsg builds the message of one event: subject, headers, payload.
-// The relay's own headers are set directly (their names are canonical) and
-// share one array of values: a message costs a few allocations, not one
-// per header.
-func (r *JetStream) natsMsg(c outbox.Claimed) (*nats.Msg, error) {
-	own := 4
-	if c.OrderingKey != "" {
-		own = 6
+// Outside strict mode the message of a confirmed publish comes back for
+// reuse (see recycle): its header map then already holds the relay's own
+// headers, whose one-value slices are overwritten in place, so a message
+// usually costs the relay one allocation (its message id), not a message,
+// a map and its values each time.
+func (r *JetStream) natsMsg(c *outbox.Claimed) (*nats.Msg, error) {
+	m, _ := r.msgs.Get().(*nats.Msg)
+	if m == nil {
+		m = &nats.Msg{Header: make(nats.Header, 6)}
 	}
-	h := make(nats.Header, own+len(c.Metadata))
+	h := m.Header
 	for k, v := range c.Metadata {
 		if !isUserMetadata(c, k, v) {
 			continue
@@ -237,20 +254,74 @@ func (r *JetStream) natsMsg(c outbox.Claimed) (*nats.Msg, error) {
 		}
 		h.Set(k, v)
 	}
-	vals := make([]string, 0, own)
-	set := func(k, v string) {
-		vals = append(vals, v)
-		h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
-	}
-	set(jetstream.MsgIDHeader, MsgID(c.Stream, c.Key))
-	set(HeaderStream, c.Stream)
-	set(HeaderKind, c.Kind)
-	set(HeaderKey, c.Key)
+	setHeader(h, jetstream.MsgIDHeader, MsgID(c.Stream, c.Key))
+	setHeader(h, HeaderStream, c.Stream)
+	setHeader(h, HeaderKind, c.Kind)
+	setHeader(h, HeaderKey, c.Key)
 	if c.OrderingKey != "" {
-		set(HeaderOrderingKey, c.OrderingKey)
-		set(HeaderOrderingSeq, strconv.FormatInt(c.OrderingSeq, 10))
+		setHeader(h, HeaderOrderingKey, c.OrderingKey)
+		setHeader(h, HeaderOrderingSeq, strconv.FormatInt(c.OrderingSeq, 10))
+	} else if _, ok := h[HeaderOrderingKey]; ok { // a reused message's
+		delete(h, HeaderOrderingKey)
+		delete(h, HeaderOrderingSeq)
 	}
-	return &nats.Msg{Subject: r.tmpl.subject(c.Stream, c.Kind, c.Key, c.OrderingKey), Data: c.Payload, Header: h}, nil
+	m.Subject, m.Data = r.subject(c), c.Payload
+	return m, nil
+}
+
+// ownHeaders is how many headers the relay sets on an event without an
+// ordering key (two more with one).
+const ownHeaders = 4
+
+// setHeader sets header k to the single value v, in place when it has one
+// value already.
+func setHeader(h nats.Header, k, v string) {
+	if vs := h[k]; len(vs) == 1 {
+		vs[0] = v
+		return
+	}
+	h[k] = []string{v}
+}
+
+// recycle keeps the message of a confirmed publish for natsMsg. The
+// publisher is done with it: it wrote the message (headers included)
+// before the PubAck could come, and dropped its pending entry before
+// calling onPubAck, so neither a retry nor a timeout can use it again. A
+// message that had headers besides the relay's own (metadata) is emptied,
+// so none carries over to another event; natsMsg drops the ordering
+// headers of a reused message for an event without an ordering key.
+func (r *JetStream) recycle(m *nats.Msg) {
+	h := m.Header
+	own := ownHeaders
+	if _, ok := h[HeaderOrderingKey]; ok {
+		own += 2
+	}
+	if len(h) != own {
+		clear(h)
+	}
+	*m = nats.Msg{Header: h}
+	r.msgs.Put(m)
+}
+
+// subject is the subject of an event. Templates without {key} and
+// {ordering_key} give every event of a stream and kind the same subject:
+// it is built once and cached.
+func (r *JetStream) subject(c *outbox.Claimed) string {
+	if r.tmpl.perEvent {
+		return r.tmpl.subject(c.Stream, c.Kind, c.Key, c.OrderingKey)
+	}
+	k := streamKind{c.Stream, c.Kind}
+	r.subjectsMu.Lock()
+	defer r.subjectsMu.Unlock()
+	s, ok := r.subjects[k]
+	if !ok {
+		if len(r.subjects) >= subjectCacheSize {
+			clear(r.subjects)
+		}
+		s = r.tmpl.subject(c.Stream, c.Kind, "", "")
+		r.subjects[k] = s
+	}
+	return s
 }
 
 // checkHeader refuses metadata that cannot be a NATS header or would steer
@@ -321,6 +392,7 @@ func (r *JetStream) confirmed(m *nats.Msg) (*pipeline, *item, bool) {
 // the stream (or was already, a duplicate).
 func (r *JetStream) onPubAck(_ jetstream.JetStream, m *nats.Msg, ack *jetstream.PubAck) {
 	if p, it, ok := r.confirmed(m); ok {
+		r.recycle(m)
 		p.finish(it, result{dup: ack.Duplicate})
 	}
 }
@@ -352,7 +424,7 @@ func (r *JetStream) publishAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (*je
 
 // publishStrict publishes with the subject's expected last sequence and
 // resolves a mismatch by reading the subject's last message.
-func (r *JetStream) publishStrict(m *nats.Msg, ev outbox.Claimed) (bool, error) {
+func (r *JetStream) publishStrict(m *nats.Msg, ev *outbox.Claimed) (bool, error) {
 	id := m.Header.Get(jetstream.MsgIDHeader)
 	expected := r.lastSeq(m.Subject)
 	for range 3 {

@@ -263,9 +263,10 @@ func newRunner(store *outbox.Store, cfg Config, stats *counters, target func(str
 	return &runner{store: store, cfg: cfg, tel: tel, target: target, send: send, stats: stats}, nil
 }
 
-// item is one claimed event on its way through a pipeline.
+// item is one claimed event on its way through a pipeline. c points into
+// the claim's slice (Store.Claim's result), not a copy of it.
 type item struct {
-	c         outbox.Claimed
+	c         *outbox.Claimed
 	claimedAt time.Time
 }
 
@@ -566,12 +567,14 @@ func (p *pipeline) claimLoop(lead bool) {
 		if len(claimed) > 0 {
 			now := time.Now()
 			batch := make([]*item, len(claimed))
-			// One allocation per claim: the claim's items (and payloads)
-			// stay in memory until its last event settles, at most the
-			// publish timeout after the others.
+			// One allocation per claim: the claim's items (and, through
+			// them, the claimed events and their payloads) stay in memory
+			// until its last event settles, at most the publish timeout
+			// after the others.
 			items := make([]item, len(claimed))
 			p.mu.Lock()
-			for i, c := range claimed {
+			for i := range claimed {
+				c := &claimed[i]
 				p.held[c.ID] = c.Receipt()
 				items[i] = item{c: c, claimedAt: now}
 				batch[i] = &items[i]
@@ -959,7 +962,7 @@ var internalMetadata = []string{
 
 // userMetadata is the application's metadata of a claimed event: what a
 // relay publishes besides its own headers.
-func userMetadata(c outbox.Claimed) map[string]string {
+func userMetadata(c *outbox.Claimed) map[string]string {
 	md := make(map[string]string, len(c.Metadata))
 	for k, v := range c.Metadata {
 		if isUserMetadata(c, k, v) {
@@ -971,7 +974,7 @@ func userMetadata(c outbox.Claimed) map[string]string {
 
 // isUserMetadata tells whether the metadata entry k=v of a claimed event is
 // the application's (see userMetadata).
-func isUserMetadata(c outbox.Claimed, k, v string) bool {
+func isUserMetadata(c *outbox.Claimed, k, v string) bool {
 	if slices.Contains(internalMetadata, k) || strings.HasPrefix(k, "millpond_") {
 		return false
 	}

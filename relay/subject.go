@@ -63,6 +63,9 @@ func MsgID(stream, key string) string { return stream + "/" + key }
 type subjectTemplate struct {
 	parts []string // literal text (dots included) or a placeholder
 	has   map[string]bool
+	// perEvent: the template holds {key} or {ordering_key}, so events of
+	// one stream and kind may have different subjects.
+	perEvent bool
 }
 
 // parseTemplate checks a template against NATS subject rules and expands
@@ -93,6 +96,7 @@ func parseTemplate(tmpl, prefix string) (subjectTemplate, error) {
 			t.parts = append(t.parts, tok)
 		}
 	}
+	t.perEvent = t.has[PlaceholderKey] || t.has[PlaceholderOrderingKey]
 	return t, nil
 }
 
@@ -121,6 +125,22 @@ func checkLiteral(what, s string) error {
 // subject fills the template for one event.
 func (t subjectTemplate) subject(stream, kind, key, orderingKey string) string {
 	var b strings.Builder
+	n := len(t.parts) + len(UnorderedMark)
+	for _, p := range t.parts {
+		switch p {
+		case PlaceholderStream:
+			n += len(stream)
+		case PlaceholderKind:
+			n += len(kind)
+		case PlaceholderKey:
+			n += len(key)
+		case PlaceholderOrderingKey:
+			n += max(len(orderingKey), len(key))
+		default:
+			n += len(p)
+		}
+	}
+	b.Grow(n)
 	for i, p := range t.parts {
 		if i > 0 {
 			b.WriteByte('.')

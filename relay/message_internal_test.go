@@ -1,0 +1,76 @@
+package relay
+
+import (
+	"maps"
+	"slices"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/millpond/millpond/outbox"
+)
+
+// TestReusedMessageCarriesNothingOver: a message of a confirmed publish
+// reused for the next event (recycle, then natsMsg) has exactly the
+// headers, subject and payload a new message of that event has, whatever
+// the previous event had (metadata, an ordering key, neither); the subject
+// cache gives the template's subject.
+func TestReusedMessageCarriesNothingOver(t *testing.T) {
+	for _, tmpl := range []string{DefaultSubjectTemplate, OrderingKeySubjectTemplate} {
+		parsed, err := parseTemplate(tmpl, DefaultSubjectPrefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		events := []outbox.Claimed{
+			{Stream: "s", Key: "k.1", Kind: "A", Payload: []byte("1")},
+			{Stream: "s", Key: "k.2", Kind: "B", Payload: []byte("2"), Metadata: map[string]string{"Trace": "t2", "Tenant": "x"}},
+			{Stream: "s", Key: "k.3", Kind: "A", Payload: []byte("3"), OrderingKey: "o.1", OrderingSeq: 7},
+			{Stream: "t", Key: "k.4", Kind: "A", Payload: []byte("4"), OrderingKey: "o.2", OrderingSeq: 1, Metadata: map[string]string{"Trace": "t4"}},
+			{Stream: "t", Key: "k.5", Kind: "B", Payload: []byte("5"), Metadata: map[string]string{outbox.MetadataKind: "B"}},
+		}
+		// Every event after every event, so each kind of message is
+		// reused for each kind of event.
+		for _, prev := range events {
+			for _, next := range events {
+				fresh := &JetStream{tmpl: parsed, subjects: map[streamKind]string{}}
+				want, err := fresh.natsMsg(&next)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r := &JetStream{tmpl: parsed, subjects: map[streamKind]string{}}
+				m, err := r.natsMsg(&prev)
+				if err != nil {
+					t.Fatal(err)
+				}
+				reused := reuse(r, m)
+				got, err := r.natsMsg(&next)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if reused && got != m {
+					t.Fatal("the recycled message was not reused")
+				}
+				if !maps.EqualFunc(got.Header, want.Header, slices.Equal) || got.Subject != want.Subject || string(got.Data) != string(want.Data) || got.Reply != "" {
+					t.Errorf("%s: %s then %s: reused message %q %q %v, want %q %q %v", tmpl, prev.Key, next.Key,
+						got.Subject, got.Data, got.Header, want.Subject, want.Data, want.Header)
+				}
+				if wantSubject := parsed.subject(next.Stream, next.Kind, next.Key, next.OrderingKey); want.Subject != wantSubject {
+					t.Errorf("%s: subject of %s %q, want %q", tmpl, next.Key, want.Subject, wantSubject)
+				}
+			}
+		}
+	}
+}
+
+// reuse recycles m and reports whether the pool holds it for natsMsg (a
+// sync.Pool may drop what it is given, as under the race detector; then the
+// next message is a new one and the test checks that).
+func reuse(r *JetStream, m *nats.Msg) bool {
+	r.recycle(m)
+	got, _ := r.msgs.Get().(*nats.Msg)
+	if got == nil {
+		return false
+	}
+	r.msgs.Put(got)
+	return got == m
+}
