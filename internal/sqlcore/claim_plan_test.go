@@ -177,7 +177,7 @@ func TestPostgresClaimReturnsOldestFirst(t *testing.T) {
 	var raw []int64
 	for rows.Next() {
 		var id int64
-		vals := make([]any, 14)
+		vals := make([]any, 12) // the claim's columns
 		vals[0] = &id
 		for i := 1; i < len(vals); i++ {
 			vals[i] = new(any)
