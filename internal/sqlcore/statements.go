@@ -131,29 +131,27 @@ const nextBlockedPG = `SELECT b.id FROM millpond_deliveries b
 
 // ackKeysPG (PostgreSQL) follows the acknowledgement's CTE live (the rows
 // it settles, locked): kl locks the key rows of the live rows with an
-// ordering key, in (stream, group, key) order, and returns each one's tid
-// (the locked version), n (its rows among live), remaining (its unsettled
-// count once they are counted off) and fresh: whether the locked version is
-// the one the statement's snapshot sees, read by that tid (a TID scan under
-// the snapshot). After waiting for a producer that changed the row, the
-// lock returns the producer's version, which the snapshot does not see:
-// stale. The producer's event is then invisible to the statement, so it
-// must not promote that key's next event; fresh, every committed event of
-// the key is visible. The keys, sorted, drive the lookup (as receiptRows
-// drive the receipts'): one primary-key probe and lock per key, in key
-// order, whatever the statistics. (A join of the key rows with the keys
-// was planned as a hash join over every key row of the table while it was
-// small: 1,000 key rows read and hashed per acknowledgement, a tenth of
-// the backend's instructions in the ordered bench.) The count-off finds
-// each row by its tid, so the locking read is its only index probe.
+// ordering key, in (stream, group, key) order, and returns for each n (its
+// rows among live), remaining (its unsettled count once they are counted
+// off) and fresh: whether the locked version is the one the statement's
+// snapshot sees, told by reading the locked version's tid under the
+// snapshot (a TID scan, no index probe). After waiting for a producer that
+// changed the row, the lock returns the producer's version, which the
+// snapshot does not see: stale. The producer's event is then invisible to
+// the statement, so it must not promote that key's next event; fresh,
+// every committed event of the key is visible. (A plain read of the key
+// rows under the snapshot, compared with the locked ones, cost another
+// probe of the key index per key.) The keys, sorted, drive the lookup (as
+// receiptRows drive the receipts'): one primary-key probe and lock per key,
+// in key order, whatever the statistics.
 const ackKeysPG = `kl AS MATERIALIZED (
-  SELECT m.tid, k.stream, k.consumer_group, k.ordering_key, k.n, m.unsettled - k.n AS remaining, m.fresh
+  SELECT k.stream, k.consumer_group, k.ordering_key, k.n, m.unsettled - k.n AS remaining, m.fresh
   FROM (
     SELECT stream, consumer_group, ordering_key, count(*) AS n FROM live WHERE ordering_key <> ''
     GROUP BY stream, consumer_group, ordering_key ORDER BY stream, consumer_group, ordering_key
   ) AS k,
   LATERAL (
-    SELECT m.ctid AS tid, m.unsettled, EXISTS (SELECT FROM millpond_ordering s WHERE s.ctid = m.ctid) AS fresh
+    SELECT m.unsettled, EXISTS (SELECT FROM millpond_ordering s WHERE s.ctid = m.ctid) AS fresh
     FROM millpond_ordering m
     WHERE m.stream = k.stream AND m.consumer_group = k.consumer_group AND m.ordering_key = k.ordering_key
     FOR UPDATE OF m
@@ -161,15 +159,19 @@ const ackKeysPG = `kl AS MATERIALIZED (
 )`
 
 // nextAfterAckPG (PostgreSQL) follows ackKeysPG: nxt names the next blocked
-// event (id, tid of the version the snapshot sees, and hand: the condition
-// hand on the blocked row b) of each fresh key that keeps unsettled events,
-// read through the blocked index. Those rows change only under their key
-// row's lock, which this statement holds, or are deleted (a discard): the
-// UPDATEs that promote them find them by tid and recheck their status.
+// event (id, and hand: the condition hand on the blocked row b) of each
+// fresh key that keeps unsettled events, read through the blocked index.
+// Those rows change only under their key row's lock, which this statement
+// holds, or are deleted (a discard); the UPDATEs that promote them find
+// them by id and recheck their status. (Found by tid instead, they were
+// updated without the page pruning that a visit through an index does: the
+// pages filled with dead versions, and the bench's promotions and key-row
+// counts went to other pages, one more WAL record and a new index entry
+// each.)
 func nextAfterAckPG(hand string) string {
 	return `nxt AS MATERIALIZED (
-  SELECT b.id, b.tid, b.hand FROM kl k, LATERAL (
-    SELECT b.id, b.ctid AS tid, ` + hand + ` AS hand FROM millpond_deliveries b
+  SELECT b.id, b.hand FROM kl k, LATERAL (
+    SELECT b.id, ` + hand + ` AS hand FROM millpond_deliveries b
     WHERE b.stream = k.stream AND b.consumer_group = k.consumer_group AND b.ordering_key = k.ordering_key
       AND b.settled AND b.delivered_at = 0 AND b.ordering_key <> '' AND b.status = 'blocked'
     ORDER BY b.ordering_seq LIMIT 1
@@ -191,17 +193,17 @@ const handable = "(b.stream = @stream AND b.consumer_group = @group AND b.availa
 // handed ids once per column).
 const handOverAfterAckPG = `
 ranked AS MATERIALIZED (
-  SELECT tid, hand AND row_number() OVER (PARTITION BY hand ORDER BY id) <= @limit AS take FROM nxt
+  SELECT id, hand AND row_number() OVER (PARTITION BY hand ORDER BY id) <= @limit AS take FROM nxt
 ), handed AS (
   UPDATE millpond_deliveries o SET status = 'processing', settled = false, attempts = o.attempts + 1,
     claimed_by = @worker::VARCHAR,
     claim_key = left(encode(sha256(convert_to(@secret::TEXT || o.id::TEXT, 'UTF8')), 'hex'), 32),
     available_at = @now + @lease::BIGINT
-  WHERE o.ctid = ANY(ARRAY(SELECT tid FROM ranked WHERE take)) AND o.status = 'blocked'
+  WHERE o.id = ANY(ARRAY(SELECT id FROM ranked WHERE take)) AND o.status = 'blocked'
   RETURNING o.id, o.event_id, o.stream, o.consumer_group, o.attempts, o.claim_key, o.available_at, o.ordering_key, o.ordering_seq
 ), promoted AS (
   UPDATE millpond_deliveries o SET status = 'pending', settled = false, available_at = GREATEST(o.available_at, @now)
-  WHERE o.ctid = ANY(ARRAY(SELECT tid FROM ranked WHERE NOT take)) AND o.status = 'blocked'
+  WHERE o.id = ANY(ARRAY(SELECT id FROM ranked WHERE NOT take)) AND o.status = 'blocked'
 )`
 
 // promotePG (PostgreSQL) follows a CTE nxt(id) naming the next blocked
@@ -481,8 +483,8 @@ FROM claimed c JOIN millpond_events e ON e.id = c.event_id WHERE c.status = 'pro
 		// (after the outbox rows, in key order) and checks that the locked
 		// version is the snapshot's (see ackKeysPG); then every event of
 		// the key that has committed is visible to the statement, so it can
-		// count the head off (by the key row's tid) and promote the key's
-		// next event itself (found by nextAfterAckPG, updated by its tid).
+		// count the head off and promote the key's next event itself
+		// (found by nextAfterAckPG).
 		// A key whose row changed meanwhile (a producer committed while
 		// this statement waited for it) is left alone, its rows
 		// unacknowledged: Core settles them with ackOrdered and
@@ -502,21 +504,25 @@ FROM claimed c JOIN millpond_events e ON e.id = c.event_id WHERE c.status = 'pro
   RETURNING o.id
 ), dec AS (
   UPDATE millpond_ordering m SET unsettled = m.unsettled - kl.n
-  FROM kl WHERE m.ctid = kl.tid AND kl.fresh
+  FROM kl WHERE m.stream = kl.stream AND m.consumer_group = kl.consumer_group AND m.ordering_key = kl.ordering_key AND kl.fresh
 )`
 		s.ack = c(ack + `, ` + nextAfterAckPG("false") + `, promoted AS (
   UPDATE millpond_deliveries o SET status = 'pending', settled = false, available_at = GREATEST(o.available_at, @now)
-  WHERE o.ctid = ANY(ARRAY(SELECT tid FROM nxt)) AND o.status = 'blocked'
+  WHERE o.id = ANY(ARRAY(SELECT id FROM nxt)) AND o.status = 'blocked'
 )
 SELECT id FROM acked`)
 		// The same acknowledgement handing the next events over (see
-		// handOverAfterAckPG): it returns the acknowledged ids (handed
-		// false) and the events it claimed, content included.
+		// handOverAfterAckPG): it returns the events it claimed, content
+		// included (handed true), and the acknowledged ids (handed false).
+		// The acknowledged ids come back in one row, a comma-separated
+		// list in its last column: one row per id, of as many columns as
+		// a handed-over event's, cost the client about as much to read as
+		// the handed-over events themselves.
 		s.ackNext = c(ack + `, ` + nextAfterAckPG(handable) + `,` + handOverAfterAckPG + `
-SELECT true, p.id, p.stream, p.consumer_group, e.event_key, e.event_kind, e.payload, e.metadata, p.attempts, p.claim_key, p.available_at, e.created_at, p.ordering_key, p.ordering_seq
+SELECT true, p.id, p.stream, p.consumer_group, e.event_key, e.event_kind, e.payload, e.metadata, p.attempts, p.claim_key, p.available_at, e.created_at, p.ordering_key, p.ordering_seq, ''
 FROM handed p JOIN millpond_events e ON e.id = p.event_id
 UNION ALL
-SELECT false, id, '', '', '', '', NULL, '', 0, '', 0, 0, '', 0 FROM acked`)
+SELECT false, 0, '', '', '', '', NULL, '', 0, '', 0, 0, '', 0, COALESCE((SELECT string_agg(id::TEXT, ',') FROM acked), '')`)
 		// One statement settles the ordered rows and counts them off their
 		// keys (outbox rows locked first, then key rows); it returns the
 		// settled ids (keys empty) and the keys that still have unsettled
