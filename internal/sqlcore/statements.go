@@ -163,11 +163,11 @@ const ackKeysPG = `kl AS MATERIALIZED (
 // fresh key that keeps unsettled events, read through the blocked index.
 // Those rows change only under their key row's lock, which this statement
 // holds, or are deleted (a discard); the UPDATEs that promote them find
-// them by id and recheck their status. (Found by tid instead, they were
-// updated without the page pruning that a visit through an index does: the
-// pages filled with dead versions, and the bench's promotions and key-row
-// counts went to other pages, one more WAL record and a new index entry
-// each.)
+// them by id and recheck their status. (By tid they would be fetched
+// without the page pruning that a visit through an index does, so their
+// pages could fill with dead versions and the updates move to other pages;
+// tried, the bench's WAL did not tell the two apart clearly, and the
+// conservative lookup stayed.)
 func nextAfterAckPG(hand string) string {
 	return `nxt AS MATERIALIZED (
   SELECT b.id, b.hand FROM kl k, LATERAL (
