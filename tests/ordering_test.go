@@ -47,7 +47,8 @@ var orderingCases = []conformanceCase{
 	{name: "ExpiredLeaseRedeliversTheSameHead", run: testExpiredLeaseSameHead},
 	{name: "RacingProducersOfOneKeyCommitInSequenceOrder", dbClock: true, run: testRacingProducers},
 	{name: "RolledBackProducerLeavesNoGap", run: testRollbackNoGap},
-	{name: "AckWaitingOnAProducerPromotesItsEvent", run: testAckWaitsForProducer},
+	{name: "AckWaitingOnAProducerPromotesItsEvent", run: func(t *testing.T, e *env) { testAckWaitsForProducer(t, e, false) }},
+	{name: "AckWaitingOnAProducerHandsItsEventOver", run: func(t *testing.T, e *env) { testAckWaitsForProducer(t, e, true) }},
 	{name: "SubscriberClaimsThePromotedEventAtOnce", dbClock: true, run: testSubscriberWakesAfterOrderedAck},
 	{name: "IdempotentReEnqueueChangesNothing", run: testOrderedIdempotent},
 	{name: "ClaimsDoNotWalkABlockedBacklog", dbClock: true, run: testClaimsSkipBlockedBacklog},
@@ -704,15 +705,22 @@ WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO LIKE 'INSERT INTO millp
 // inserted blocked, not committed). The acknowledgement waits for the
 // producer; once it commits, that event is the key's head, claimable, and
 // the other keys' next events are too. A producer that rolls back instead
-// leaves its key idle: the next event is inserted pending.
-func testAckWaitsForProducer(t *testing.T, e *env) {
+// leaves its key idle: the next event is inserted pending. With handOver,
+// the acknowledgement is AcknowledgeAndClaimNext: it hands the producer's
+// event over with the other keys' next events, and the second round
+// acknowledges those.
+func testAckWaitsForProducer(t *testing.T, e *env, handOver bool) {
 	for _, okey := range []string{"a", "b", "c"} {
 		e.enqueue(ordered("s", okey+"1", okey))
 	}
 	e.enqueue(ordered("s", "c2", "c"))
 	req := claimReq("s", 100, time.Minute, 3)
+	var handed map[string]outbox.Claimed
 	for round, commitProducer := range []bool{true, false} {
-		heads := e.claimKeys(req, 100)
+		heads := handed
+		if !handOver || round == 0 {
+			heads = e.claimKeys(req, 100)
+		}
 		wantHeads := []string{"a1", "b1", "c1"}
 		if round == 1 {
 			wantHeads = []string{"a2", "c2"}
@@ -732,7 +740,18 @@ func testAckWaitsForProducer(t *testing.T, e *env) {
 		}
 		acked := make(chan error, 1)
 		go func() {
-			stale, err := e.s.AcknowledgeBatch(e.ctx, rs)
+			var stale []outbox.Receipt
+			var err error
+			if handOver {
+				var next []outbox.Claimed
+				next, stale, err = e.s.AcknowledgeAndClaimNext(e.ctx, rs, req)
+				handed = map[string]outbox.Claimed{}
+				for _, c := range next {
+					handed[c.Key] = c
+				}
+			} else {
+				stale, err = e.s.AcknowledgeBatch(e.ctx, rs)
+			}
 			if err == nil && len(stale) > 0 {
 				err = fmt.Errorf("%d receipts stale", len(stale))
 			}
@@ -753,6 +772,15 @@ func testAckWaitsForProducer(t *testing.T, e *env) {
 		}
 		if err := <-acked; err != nil {
 			t.Fatalf("round %d: acknowledge: %v", round, err)
+		}
+		if handOver {
+			want := []string{"a2", "c2"}
+			if round == 1 {
+				want = nil
+			}
+			if strings.Join(keysOf(handed), ",") != strings.Join(want, ",") {
+				t.Fatalf("round %d: handed over %v, want %v", round, keysOf(handed), want)
+			}
 		}
 	}
 	// Round 1 rolled a3 back: key a is idle, a new event is its head.

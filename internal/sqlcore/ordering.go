@@ -5,7 +5,10 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 )
 
 // Ordering keys.
@@ -271,13 +274,23 @@ func (c *Core) ackNext(ctx context.Context, ex Executor, rs []Receipt, hand *Cla
 	for rows.Next() {
 		var handed bool
 		var cl Claimed
-		var md string
+		var md, acked string
 		var expires, created int64
-		if err := rows.Scan(&handed, &cl.ID, &cl.Stream, &cl.Group, &cl.Key, &cl.Kind, &cl.Payload, &md, &cl.Attempts, &cl.ClaimKey, &expires, &created, &cl.OrderingKey, &cl.OrderingSeq); err != nil {
+		if err := rows.Scan(&handed, &cl.ID, &cl.Stream, &cl.Group, &cl.Key, &cl.Kind, &cl.Payload, &md, &cl.Attempts, &cl.ClaimKey, &expires, &created, &cl.OrderingKey, &cl.OrderingSeq, &acked); err != nil {
 			return nil, nil, err
 		}
 		if !handed {
-			done[cl.ID] = true
+			// The acknowledged ids, comma-separated.
+			for s := range strings.SplitSeq(acked, ",") {
+				if s == "" {
+					continue
+				}
+				id, err := strconv.ParseInt(s, 10, 64)
+				if err != nil {
+					return nil, nil, fmt.Errorf("acknowledged ids: %w", err)
+				}
+				done[id] = true
+			}
 			continue
 		}
 		if cl.Metadata, err = decodeMetadata(md); err != nil {

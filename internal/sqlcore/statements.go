@@ -129,6 +129,83 @@ const nextBlockedPG = `SELECT b.id FROM millpond_deliveries b
       AND b.settled AND b.delivered_at = 0 AND b.ordering_key <> '' AND b.status = 'blocked'
     ORDER BY b.ordering_seq LIMIT 1`
 
+// ackKeysPG (PostgreSQL) follows the acknowledgement's CTE live (the rows
+// it settles, locked): kl locks the key rows of the live rows with an
+// ordering key, in (stream, group, key) order, and returns for each n (its
+// rows among live), remaining (its unsettled count once they are counted
+// off) and fresh: whether the locked version is the one the statement's
+// snapshot sees, told by reading the locked version's tid under the
+// snapshot (a TID scan, no index probe). After waiting for a producer that
+// changed the row, the lock returns the producer's version, which the
+// snapshot does not see: stale. The producer's event is then invisible to
+// the statement, so it must not promote that key's next event; fresh,
+// every committed event of the key is visible. (A plain read of the key
+// rows under the snapshot, compared with the locked ones, cost another
+// probe of the key index per key.) The keys, sorted, drive the lookup (as
+// receiptRows drive the receipts'): one primary-key probe and lock per key,
+// in key order, whatever the statistics.
+const ackKeysPG = `kl AS MATERIALIZED (
+  SELECT k.stream, k.consumer_group, k.ordering_key, k.n, m.unsettled - k.n AS remaining, m.fresh
+  FROM (
+    SELECT stream, consumer_group, ordering_key, count(*) AS n FROM live WHERE ordering_key <> ''
+    GROUP BY stream, consumer_group, ordering_key ORDER BY stream, consumer_group, ordering_key
+  ) AS k,
+  LATERAL (
+    SELECT m.unsettled, EXISTS (SELECT FROM millpond_ordering s WHERE s.ctid = m.ctid) AS fresh
+    FROM millpond_ordering m
+    WHERE m.stream = k.stream AND m.consumer_group = k.consumer_group AND m.ordering_key = k.ordering_key
+    FOR UPDATE OF m
+  ) AS m
+)`
+
+// nextAfterAckPG (PostgreSQL) follows ackKeysPG: nxt names the next blocked
+// event (id, and hand: the condition hand on the blocked row b) of each
+// fresh key that keeps unsettled events, read through the blocked index.
+// Those rows change only under their key row's lock, which this statement
+// holds, or are deleted (a discard); the UPDATEs that promote them find
+// them by id and recheck their status. (By tid they would be fetched
+// without the page pruning that a visit through an index does, so their
+// pages could fill with dead versions and the updates move to other pages;
+// tried, the bench's WAL did not tell the two apart clearly, and the
+// conservative lookup stayed.)
+func nextAfterAckPG(hand string) string {
+	return `nxt AS MATERIALIZED (
+  SELECT b.id, b.hand FROM kl k, LATERAL (
+    SELECT b.id, ` + hand + ` AS hand FROM millpond_deliveries b
+    WHERE b.stream = k.stream AND b.consumer_group = k.consumer_group AND b.ordering_key = k.ordering_key
+      AND b.settled AND b.delivered_at = 0 AND b.ordering_key <> '' AND b.status = 'blocked'
+    ORDER BY b.ordering_seq LIMIT 1
+  ) b
+  WHERE k.fresh AND k.remaining > 0
+)`
+}
+
+// handable (PostgreSQL) is whether a blocked row b can be handed over to the
+// consumer of @stream/@group: due, with attempts left.
+const handable = "(b.stream = @stream AND b.consumer_group = @group AND b.available_at <= @now AND b.attempts < @max)"
+
+// handOverAfterAckPG (PostgreSQL) follows nextAfterAckPG(handable): the
+// first @limit (in id order) of the next events that can be handed over
+// are claimed, as a claim would (a claim key derived from @secret, the
+// lease @lease, @worker, one more attempt) and returned by handed; the
+// others become pending. Two UPDATEs of disjoint rows, each with one plain
+// SET list (one UPDATE with a CASE per column tested each row against the
+// handed ids once per column).
+const handOverAfterAckPG = `
+ranked AS MATERIALIZED (
+  SELECT id, hand AND row_number() OVER (PARTITION BY hand ORDER BY id) <= @limit AS take FROM nxt
+), handed AS (
+  UPDATE millpond_deliveries o SET status = 'processing', settled = false, attempts = o.attempts + 1,
+    claimed_by = @worker::VARCHAR,
+    claim_key = left(encode(sha256(convert_to(@secret::TEXT || o.id::TEXT, 'UTF8')), 'hex'), 32),
+    available_at = @now + @lease::BIGINT
+  WHERE o.id = ANY(ARRAY(SELECT id FROM ranked WHERE take)) AND o.status = 'blocked'
+  RETURNING o.id, o.event_id, o.stream, o.consumer_group, o.attempts, o.claim_key, o.available_at, o.ordering_key, o.ordering_seq
+), promoted AS (
+  UPDATE millpond_deliveries o SET status = 'pending', settled = false, available_at = GREATEST(o.available_at, @now)
+  WHERE o.id = ANY(ARRAY(SELECT id FROM ranked WHERE NOT take)) AND o.status = 'blocked'
+)`
+
 // promotePG (PostgreSQL) follows a CTE nxt(id) naming the next blocked
 // event of each key whose head was settled, under that key row's lock: it
 // makes them pending. As in handOverPG, the UPDATE locks the rows itself,
@@ -404,14 +481,16 @@ FROM claimed c JOIN millpond_events e ON e.id = c.event_id WHERE c.status = 'pro
 		// The acknowledgement settles rows without an ordering key and,
 		// in the same statement, rows with one whose key row no producer
 		// changed since the statement's snapshot: it locks the key rows
-		// (after the outbox rows, in key order) and compares the locked
-		// version (xmin) with the snapshot's; equal, every event of the key
-		// that has committed is visible to the statement, so it can count
-		// the head off and promote the key's next event itself. A key whose
-		// row changed meanwhile (a producer committed while this statement
-		// waited for it) is left alone, its rows unacknowledged: Core
-		// settles them with ackOrdered and promoteKeys, two statements of
-		// one transaction, the second seeing the producer's event.
+		// (after the outbox rows, in key order) and checks that the locked
+		// version is the snapshot's (see ackKeysPG); then every event of
+		// the key that has committed is visible to the statement, so it can
+		// count the head off and promote the key's next event itself
+		// (found by nextAfterAckPG).
+		// A key whose row changed meanwhile (a producer committed while
+		// this statement waited for it) is left alone, its rows
+		// unacknowledged: Core settles them with ackOrdered and
+		// promoteKeys, two statements of one transaction, the second
+		// seeing the producer's event.
 		ack := `WITH live AS MATERIALIZED (
   SELECT l.id, l.stream, l.consumer_group, l.ordering_key FROM ` + receiptRows + `,
   LATERAL (
@@ -419,39 +498,32 @@ FROM claimed c JOIN millpond_events e ON e.id = c.event_id WHERE c.status = 'pro
     WHERE o.id = r.id AND o.claim_key = r.claim_key AND o.status = 'processing' AND o.available_at > @now
     FOR UPDATE OF o
   ) AS l
-), ks AS MATERIALIZED (
-  SELECT m.stream, m.consumer_group, m.ordering_key, l.n, m.xmin::TEXT AS x FROM millpond_ordering m
-  JOIN (SELECT stream, consumer_group, ordering_key, count(*) AS n FROM live WHERE ordering_key <> '' GROUP BY stream, consumer_group, ordering_key) l
-    ON m.stream = l.stream AND m.consumer_group = l.consumer_group AND m.ordering_key = l.ordering_key
-), kl AS MATERIALIZED (
-  SELECT m.stream, m.consumer_group, m.ordering_key, ks.n, m.xmin::TEXT = ks.x AS fresh FROM millpond_ordering m
-  JOIN ks ON m.stream = ks.stream AND m.consumer_group = ks.consumer_group AND m.ordering_key = ks.ordering_key
-  ORDER BY m.stream, m.consumer_group, m.ordering_key
-  FOR UPDATE OF m
-), stale AS MATERIALIZED (
-  SELECT stream, consumer_group, ordering_key FROM kl WHERE NOT fresh
-), acked AS (
+), ` + ackKeysPG + `, acked AS (
   UPDATE millpond_deliveries o SET status = 'delivered', settled = true, delivered_at = @now
   WHERE o.id = ANY(ARRAY(SELECT live.id FROM live
-    WHERE NOT EXISTS (SELECT 1 FROM stale WHERE stale.stream = live.stream AND stale.consumer_group = live.consumer_group AND stale.ordering_key = live.ordering_key)))
+    WHERE NOT EXISTS (SELECT 1 FROM kl WHERE NOT kl.fresh AND kl.stream = live.stream AND kl.consumer_group = live.consumer_group AND kl.ordering_key = live.ordering_key)))
   RETURNING o.id
 ), dec AS (
   UPDATE millpond_ordering m SET unsettled = m.unsettled - kl.n
   FROM kl WHERE m.stream = kl.stream AND m.consumer_group = kl.consumer_group AND m.ordering_key = kl.ordering_key AND kl.fresh
-  RETURNING m.stream, m.consumer_group, m.ordering_key, m.unsettled
-), nxt AS MATERIALIZED (
-  SELECT (` + nextBlockedPG + `) AS id FROM dec k WHERE k.unsettled > 0
 )`
-		s.ack = c(ack + `, promoted AS (` + promotePG + `)
+		s.ack = c(ack + `, ` + nextAfterAckPG("false") + `, promoted AS (
+  UPDATE millpond_deliveries o SET status = 'pending', settled = false, available_at = GREATEST(o.available_at, @now)
+  WHERE o.id = ANY(ARRAY(SELECT id FROM nxt)) AND o.status = 'blocked'
+)
 SELECT id FROM acked`)
 		// The same acknowledgement handing the next events over (see
-		// handOverPG): it returns the acknowledged ids (handed false) and
-		// the events it claimed, content included.
-		s.ackNext = c(ack + `,` + handOverPG + `
-SELECT true, p.id, p.stream, p.consumer_group, e.event_key, e.event_kind, e.payload, e.metadata, p.attempts, p.claim_key, p.available_at, e.created_at, p.ordering_key, p.ordering_seq
-FROM promoted p JOIN millpond_events e ON e.id = p.event_id WHERE p.hand
+		// handOverAfterAckPG): it returns the events it claimed, content
+		// included (handed true), and the acknowledged ids (handed false).
+		// The acknowledged ids come back in one row, a comma-separated
+		// list in its last column: one row per id, of as many columns as
+		// a handed-over event's, cost the client about as much to read as
+		// the handed-over events themselves.
+		s.ackNext = c(ack + `, ` + nextAfterAckPG(handable) + `,` + handOverAfterAckPG + `
+SELECT true, p.id, p.stream, p.consumer_group, e.event_key, e.event_kind, e.payload, e.metadata, p.attempts, p.claim_key, p.available_at, e.created_at, p.ordering_key, p.ordering_seq, ''
+FROM handed p JOIN millpond_events e ON e.id = p.event_id
 UNION ALL
-SELECT false, id, '', '', '', '', NULL, '', 0, '', 0, 0, '', 0 FROM acked`)
+SELECT false, 0, '', '', '', '', NULL, '', 0, '', 0, 0, '', 0, COALESCE((SELECT string_agg(id::TEXT, ',') FROM acked), '')`)
 		// One statement settles the ordered rows and counts them off their
 		// keys (outbox rows locked first, then key rows); it returns the
 		// settled ids (keys empty) and the keys that still have unsettled
