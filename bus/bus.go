@@ -51,7 +51,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millpond/millpond/handlers"
-	"github.com/millpond/millpond/internal/handout"
 	"github.com/millpond/millpond/outbox"
 )
 
@@ -98,10 +97,6 @@ type Bus struct {
 	handlers []handlers.Handler
 	streams  []string
 	routed   []*message.Handler // the router's handlers, for Health
-	// preparers prepares the messages of each typed handler's subscriber
-	// (decodes their payloads) in the subscriber's goroutines, before the
-	// router starts a goroutine for each (see internal/handout).
-	preparers map[any]func(*message.Message)
 
 	mu      sync.Mutex
 	started bool
@@ -211,12 +206,6 @@ func (b *Bus) addHandler(h handlers.Handler) error {
 		return fmt.Errorf("bus: handler %q: %w", h.Name(), err)
 	}
 	b.handlers = append(b.handlers, h)
-	if p, ok := h.(handout.Preparer); ok {
-		if b.preparers == nil {
-			b.preparers = map[any]func(*message.Message){}
-		}
-		b.preparers[sub] = p.PrepareHandOut
-	}
 	kind := h.Kind()
 	b.routed = append(b.routed, b.router.AddConsumerHandler(h.Name(), h.Stream(), sub, func(msg *message.Message) error {
 		if got := msg.Metadata.Get(outbox.MetadataKind); got != kind {
@@ -333,7 +322,7 @@ func (b *Bus) Start(ctx context.Context) error {
 	b.started = true
 	b.done = make(chan struct{})
 	go func() {
-		b.runErr = b.router.Run(handout.WithPreparers(context.Background(), b.preparers))
+		b.runErr = b.router.Run(context.Background())
 		close(b.done)
 	}()
 	select {

@@ -29,31 +29,3 @@ func BenchmarkTypedHandleInNewGoroutine(b *testing.B) {
 		}
 	}
 }
-
-// BenchmarkTypedHandlePreparedInNewGoroutine is the same handling of a
-// payload decoded before (PrepareHandOut, as the bus's subscriber does in
-// its own goroutine), the router's goroutine only calling the function.
-// Each iteration also makes the message (PrepareHandOut puts the event in
-// its context), which the benchmark above reuses.
-func BenchmarkTypedHandlePreparedInNewGoroutine(b *testing.B) {
-	type event struct {
-		ID  int64  `json:"id"`
-		Pad string `json:"pad"`
-	}
-	payload := []byte(`{"id":12345,"pad":"` + string(make([]byte, 0, 180)) + `"}`)
-	for len(payload) < 200 {
-		payload = append(payload[:len(payload)-2], 'x', '"', '}')
-	}
-	h := New("h", "s", "K", func(ctx context.Context, ev event, _ Meta) error { return nil })
-	p := h.(interface{ PrepareHandOut(*message.Message) })
-	b.ReportAllocs()
-	for b.Loop() {
-		msg := message.NewMessage("key", payload)
-		p.PrepareHandOut(msg)
-		done := make(chan error)
-		go func() { done <- h.Handle(msg) }()
-		if err := <-done; err != nil {
-			b.Fatal(err)
-		}
-	}
-}

@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"runtime/debug"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -225,61 +224,14 @@ func (h *typed[T]) Stream() string { return h.stream }
 func (h *typed[T]) Kind() string   { return h.kind }
 func (h *typed[T]) Policy() Policy { return h.policy }
 
-// prepared is a payload the bus's subscriber decoded before handing the
-// message out (see PrepareHandOut), with the payload it decoded.
-type prepared[T any] struct {
-	payload []byte
-	event   T
-	// taken is set by the Handle that takes the event: a second Handle of
-	// the message (Watermill's Retry middleware) decodes the payload
-	// afresh, as the first handling may have changed what the event refers
-	// to (its maps, slices, pointers).
-	taken atomic.Bool
-}
-
-// preparedKey keys a handler's prepared payload in the message context.
-// It holds the handler, so that only the handler that prepared a message
-// takes the value (and its size is a pointer's: no allocation).
-type preparedKey[T any] struct{ h *typed[T] }
-
-// PrepareHandOut decodes the payload for Handle. The bus's subscriber calls
-// it in its own goroutine just before handing the message to the router,
-// whose goroutine for the message then needs no deep stack (see
-// internal/handout). A payload that does not decode, or a decoder that
-// panics, is left to Handle, which decodes it again and reports the error
-// (or lets the router recover the panic) as it always did.
-func (h *typed[T]) PrepareHandOut(msg *message.Message) {
-	defer func() { _ = recover() }()
-	p := &prepared[T]{payload: msg.Payload}
-	if json.Unmarshal(msg.Payload, &p.event) != nil {
-		return
-	}
-	msg.SetContext(context.WithValue(msg.Context(), preparedKey[T]{h}, p))
-}
-
 // Handle decodes the payload and calls the function; a panic becomes an
-// error carrying the panic value and stack. A payload the bus's subscriber
-// decoded already (PrepareHandOut) is not decoded again, unless a
-// middleware replaced msg.Payload since or the message is handled again.
-func (h *typed[T]) Handle(msg *message.Message) error {
-	if p, ok := msg.Context().Value(preparedKey[T]{h}).(*prepared[T]); ok && sameBytes(p.payload, msg.Payload) && p.taken.CompareAndSwap(false, true) {
-		return h.call(msg, p.event)
-	}
+// error carrying the panic value and stack.
+func (h *typed[T]) Handle(msg *message.Message) (err error) {
 	growStack(0)
 	var event T
 	if err := json.Unmarshal(msg.Payload, &event); err != nil {
 		return Permanent(fmt.Errorf("handler %s: decode %s payload into %T: %w", h.name, h.kind, event, err))
 	}
-	return h.call(msg, event)
-}
-
-// sameBytes reports whether a and b are the same slice of the same array.
-func sameBytes(a, b []byte) bool {
-	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
-}
-
-// call calls the function with the decoded event.
-func (h *typed[T]) call(msg *message.Message, event T) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("handler %s: panic: %v\n%s", h.name, r, debug.Stack())
@@ -300,10 +252,7 @@ const growStackBytes = 8 << 10
 // every message in a new goroutine, whose small first stack the JSON decoder
 // outgrows: each growth copies the stack and adjusts every frame on it, and
 // growing deep inside the decoder, twice, was most of the bus's own CPU per
-// message. (Through the bus the payload is decoded before, in the
-// subscriber's goroutine: see PrepareHandOut. Handle decodes, and grows
-// its stack, when it was not.) i is always 0; it keeps the compiler from
-// removing the frame.
+// message. i is always 0; it keeps the compiler from removing the frame.
 //
 //go:noinline
 func growStack(i int) byte {

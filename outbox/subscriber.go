@@ -19,7 +19,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/cenkalti/backoff/v5"
 
-	"github.com/millpond/millpond/internal/handout"
 	"github.com/millpond/millpond/internal/sqlcore"
 )
 
@@ -256,9 +255,6 @@ type subscription struct {
 	taken  chan struct{} // a dispatcher took from queue or handed
 	acks   chan Receipt
 	logger watermill.LoggerAdapter
-	// prepare, set by the bus for a typed handler (see internal/handout),
-	// runs on each message in its dispatcher before it is handed out.
-	prepare func(*message.Message)
 
 	mu      sync.Mutex
 	held    map[int64]Receipt    // every claimed, unsettled event (for lease extension)
@@ -350,7 +346,6 @@ func newSubscription(ctx context.Context, s *Subscriber, topic string) *subscrip
 		kinds:   map[int64]string{},
 		tel:     s.store.tel.forSubscription(topic, s.config.ConsumerGroup),
 		ordered: map[int64]bool{},
-		prepare: handout.For(ctx, s),
 
 		handedReady: make(chan struct{}, 1),
 	}
@@ -623,9 +618,6 @@ func (sub *subscription) deliver(c Claimed) bool {
 	msg.SetContext(context.WithValue(ctx, receiptKey{}, delivery{receipt: c.Receipt(), store: sub.store}))
 	handedOut.Store(c.Receipt(), sub)
 	defer handedOut.Delete(c.Receipt())
-	if sub.prepare != nil {
-		sub.prepare(msg)
-	}
 
 	// Stopping wins over a ready reader: what was not handed out is
 	// released, not delivered after Close began.
