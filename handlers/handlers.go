@@ -121,11 +121,23 @@ const (
 
 // MetaOf reads the delivery description of a message.
 func MetaOf(msg *message.Message) Meta {
-	attempt, _ := strconv.Atoi(msg.Metadata.Get(metadataAttempt))
-	id, _ := strconv.ParseInt(msg.Metadata.Get(metadataEventID), 10, 64)
-	seq, _ := strconv.ParseInt(msg.Metadata.Get(metadataOrderSeq), 10, 64)
-	return Meta{Key: msg.UUID, Kind: msg.Metadata.Get(metadataKind), Attempt: attempt, EventID: id, Metadata: msg.Metadata,
-		OrderingKey: msg.Metadata.Get(metadataOrderKey), OrderingSeq: seq, msg: msg}
+	md := msg.Metadata
+	return Meta{Key: msg.UUID, Kind: md[metadataKind], Attempt: int(parseInt(md[metadataAttempt])), EventID: parseInt(md[metadataEventID]), Metadata: md,
+		OrderingKey: md[metadataOrderKey], OrderingSeq: parseInt(md[metadataOrderSeq]), msg: msg}
+}
+
+// parseInt reads a decimal metadata value, 0 when it is missing or not a
+// number. A missing one (the ordering sequence of an unordered event) is
+// not parsed: strconv's error for it would be allocated, on every delivery.
+func parseInt(s string) int64 {
+	if s == "" {
+		return 0
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0
+	}
+	return n
 }
 
 // PermanentError marks a failure that retrying cannot fix; the bus
@@ -153,6 +165,9 @@ func Permanent(err error) error {
 
 // IsPermanent reports whether err is, or wraps, a PermanentError.
 func IsPermanent(err error) bool {
+	if err == nil {
+		return false // without allocating the target errors.As needs
+	}
 	var p *PermanentError
 	return errors.As(err, &p)
 }
