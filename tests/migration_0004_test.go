@@ -369,10 +369,11 @@ func TestMigration0004KeepsEveryRow(t *testing.T) {
 				if err != nil {
 					t.Fatalf("migrate: %v", err)
 				}
-				// MySQL has a version 5 too (indexes off status).
+				// MySQL has versions 5 (indexes off status) and 7 (the
+				// phase index) too.
 				want := []int{4}
 				if dialect == "mysql" {
-					want = append(want, 5)
+					want = append(want, 5, 7)
 				}
 				var got []int
 				for _, m := range res.Applied {
@@ -389,6 +390,31 @@ func TestMigration0004KeepsEveryRow(t *testing.T) {
 				t.Errorf("%d events, want %d (e1 and e2 are in two groups)", n, len(rows)-2)
 			}
 			if dialect == "mysql" {
+				// 0007 gave every row its phase; running it again is a
+				// no-op, and down again to version 5 (twice) drops it:
+				// every row as written throughout.
+				phases := "SELECT status, phase, COUNT(*) FROM millpond_deliveries GROUP BY status, phase ORDER BY status, phase"
+				var want []string // dumpQuery shows the status as hex
+				for _, p := range []struct {
+					status string
+					phase  int
+					n      int
+				}{{"blocked", 2, 3}, {"dead_letter", 3, 3}, {"delivered", 4, 2}, {"pending", 1, 6}, {"processing", 1, 2}} {
+					want = append(want, fmt.Sprintf("%x | %d | %d", p.status, p.phase, p.n))
+				}
+				compareDumps(t, "phases after 0007", dumpQuery(t, sdb, phases), want)
+				migrationScript(t, sdb, dialect, "0007_claim_keeps_index.up.sql")
+				compareDumps(t, "millpond_outbox view after 0007 again", dumpOutbox(t, sdb, dialect), written)
+				compareDumps(t, "phases after 0007 again", dumpQuery(t, sdb, phases), want)
+				migrationScript(t, sdb, dialect, "0007_claim_keeps_index.down.sql")
+				migrationScript(t, sdb, dialect, "0007_claim_keeps_index.down.sql")
+				if _, err := sdb.Exec("DELETE FROM millpond_schema_migrations WHERE version = 7"); err != nil {
+					t.Fatal(err)
+				}
+				if n := db.Count(t, "SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'millpond_deliveries' AND COLUMN_NAME = 'phase'"); n != 0 {
+					t.Errorf("phase is still there after 0007 down")
+				}
+				compareDumps(t, "millpond_outbox view after 0007 down", dumpOutbox(t, sdb, dialect), written)
 				// 0005 runs again as a no-op, and down again to version 4
 				// (twice) keeps every row.
 				migrationScript(t, sdb, dialect, "0005_status_off_indexes.up.sql")

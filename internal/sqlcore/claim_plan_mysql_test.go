@@ -14,8 +14,8 @@ import (
 	"github.com/go-sql-driver/mysql"
 )
 
-// A MySQL claim reads due rows through the due index, one ordered range per
-// state, so the rows of a blocked key (status 'blocked') are never read. The
+// A MySQL claim reads due rows through the phase index, one ordered range,
+// so the rows of a blocked key (status 'blocked') are never read. The
 // test counts the rows InnoDB hands the server for the claim's due read
 // (Handler_read_* of the session) with 10,000 blocked rows behind one head:
 // a read through another index, or one that filters the blocked rows out
@@ -46,6 +46,62 @@ SELECT id, 's', '', IF(id = 1, 'processing', 'blocked'), IF(id = 1, 900000000000
 	t.Logf("claim's due read with %d blocked rows: %s", blocked, counts)
 	if read > 100 {
 		t.Fatalf("the claim's due read reads %d rows with %d blocked rows behind one head", read, blocked)
+	}
+}
+
+// Pending and processing rows share phase 1 of the phase index (migration
+// 0007), so a claim, which turns one into the other, moves no entry of any
+// secondary index: none holds status. The claim's due read takes that one
+// range in id order and stops at @limit due rows: with 1,000 rows in
+// flight above 100 due ones (50 pending, 50 whose lease expired) and 7,000
+// delivered or dead-lettered rows below, it reads the 100 due rows only,
+// where a read of each state's range (the due index of version 5, keyed by
+// status) reads every processing row to find the expired ones.
+func TestMySQLClaimReadsOnePhase(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, db := mysqlPlanCore(ctx, t)
+	var withStatus int64
+	if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.STATISTICS
+WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'millpond_deliveries' AND COLUMN_NAME = 'status'`).Scan(&withStatus); err != nil {
+		t.Fatal(err)
+	}
+	if withStatus != 0 {
+		t.Errorf("%d index columns of millpond_deliveries hold status: a claim moves their entries", withStatus)
+	}
+	const live = 9_000_000_000_000_000
+	execAll(ctx, t, db,
+		`INSERT INTO millpond_events (created_at, stream, event_key, event_kind, content_hash, metadata, payload)
+SELECT 0, 's', CONCAT('k', a.d, b.d, c.d, e.d), 'K', UNHEX(SHA2('', 256)), '{}', '{}'
+FROM `+digits+` a, `+digits+` b, `+digits+` c, `+digits+` e`,
+		// ids 1-5,000 delivered, 5,001-7,000 dead, 7,001-7,050 processing
+		// under an expired lease, 7,051-7,100 pending, 7,101-8,100 in
+		// flight; the rest are another group's.
+		`INSERT INTO millpond_deliveries (event_id, stream, consumer_group, status, available_at, delivered_at)
+SELECT id, 's', IF(id > 8100, 'other', ''),
+  CASE WHEN id <= 5000 THEN 'delivered' WHEN id <= 7000 THEN 'dead_letter' WHEN id <= 7050 THEN 'processing'
+    WHEN id <= 7100 THEN 'pending' ELSE 'processing' END,
+  IF(id > 7100, `+fmt.Sprint(live)+`, 0), IF(id <= 5000, 1000 + id, 0) FROM millpond_events ORDER BY id`,
+	)
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	q := c.stmts.claimDue
+	args := q.args(map[string]any{"stream": "s", "group": "", "limit": 100, "now": int64(1000)})
+	read, counts := handlerReads(ctx, t, conn, q.text, args)
+	t.Logf("claim's due read of 100 due rows below 1,000 in flight: %s", counts)
+	// Each row counts about twice (its index entry, then the row).
+	if read > 250 {
+		t.Errorf("the claim's due read reads %d rows for 100 due ones", read)
+	}
+	due, err := c.queryIDs(ctx, c.db, q.text, args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(due) != 100 || !due[7001] || !due[7100] {
+		t.Errorf("the claim's due read found %d rows; want ids 7,001-7,100", len(due))
 	}
 }
 

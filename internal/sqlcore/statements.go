@@ -299,9 +299,17 @@ func newStatements(d Dialect) *statements {
 	s.anyDue = c(`SELECT CASE WHEN status = 'processing' THEN id ELSE 0 END FROM millpond_deliveries
 WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'processing') AND available_at <= @now
 ORDER BY id LIMIT @limit`)
+	// MySQL keeps a row's state in its phase index as a number (see its
+	// migration 0007): 1 pending or processing, 2 blocked, 3 dead_letter,
+	// 4 delivered. Its reads of a group's rows by state name the phase too,
+	// so that they read that state's range of the index.
+	deadPhase := ""
+	if d == MySQL {
+		deadPhase = "d.phase = 3 AND "
+	}
 	s.listDead = c(`SELECT d.id, d.stream, d.consumer_group, e.event_key, e.event_kind, d.attempts, d.last_error, e.created_at
 FROM millpond_deliveries d JOIN millpond_events e ON e.id = d.event_id
-WHERE d.status = 'dead_letter' AND d.stream = @stream AND (@all_groups OR d.consumer_group = @group) AND d.id > @after
+WHERE ` + deadPhase + `d.status = 'dead_letter' AND d.stream = @stream AND (@all_groups OR d.consumer_group = @group) AND d.id > @after
 ORDER BY d.id LIMIT @limit`)
 	s.eventsByID = c("SELECT id, event_key, event_kind, payload, metadata, created_at FROM millpond_events WHERE id IN ({ids})")
 	s.eventsOf = c("SELECT DISTINCT event_id FROM millpond_deliveries WHERE id IN ({ids})")
@@ -673,28 +681,25 @@ ON DUPLICATE KEY UPDATE millpond_deliveries.id = millpond_deliveries.id`)
 		// probe inside it: the event's key is checked by the events' unique
 		// index instead (insertEvent, a plain INSERT ... VALUES), and the
 		// delivery rows' INSERT ... SELECT reads only the subscriptions.
-		// A claim finds due rows with a plain read of the due index, then
+		// A claim finds due rows with a plain read of the phase index, then
 		// locks them through the primary key, in id order, skipping rows
-		// another transaction holds. Locking while scanning the due index
+		// another transaction holds. Locking while scanning the phase index
 		// would hold an index entry of a row that an acknowledgement has
 		// locked (MariaDB waits there despite SKIP LOCKED) while the
 		// acknowledgement waits to update that entry: a deadlock.
 		//
-		// Each state is its own ordered range of the due index (stream,
-		// consumer_group, status, id), read in id order until @limit rows
-		// are due; one IN ('pending', 'processing') range would make
-		// InnoDB read every unsettled row of the group and sort them.
+		// Pending and processing rows are one ordered range of the phase
+		// index (stream, consumer_group, phase, id), phase 1 (migration
+		// 0007), read in id order until @limit rows are due: a claim
+		// changes status but not phase, so it moves no entry of the
+		// index. Rows under a live lease below the due ones are read and
+		// skipped (their available_at is in the row).
 		// The index is named: with statistics not yet updated after a
-		// large enqueue, the optimizer could choose the blocked index's
+		// large enqueue, the optimizer could choose the next index's
 		// (stream, consumer_group) prefix and read every row of a blocked
 		// key behind its head.
-		s.claimDue = c(`(SELECT id FROM millpond_deliveries FORCE INDEX (millpond_deliveries_due_idx)
-  WHERE stream = @stream AND consumer_group = @group AND status = 'pending' AND available_at <= @now
-  ORDER BY id LIMIT @limit)
-UNION ALL
-(SELECT id FROM millpond_deliveries FORCE INDEX (millpond_deliveries_due_idx)
-  WHERE stream = @stream AND consumer_group = @group AND status = 'processing' AND available_at <= @now
-  ORDER BY id LIMIT @limit)
+		s.claimDue = c(`SELECT id FROM millpond_deliveries FORCE INDEX (millpond_deliveries_phase_idx)
+WHERE stream = @stream AND consumer_group = @group AND phase = 1 AND available_at <= @now
 ORDER BY id LIMIT @limit`)
 		s.claimSelect = c(`SELECT ` + claimRowColumns + `, status, @now FROM millpond_deliveries FORCE INDEX (PRIMARY)
 WHERE status IN ('pending', 'processing') AND available_at <= @now AND id IN ({ids})
@@ -1043,8 +1048,11 @@ ORDER BY d.stream, d.consumer_group`)
 	// index). Pending events with an ordering key stay in the default group:
 	// moving them would take them out of their key's order.
 	dead, unsettled, pending := "status = 'dead_letter'", "status IN ('pending', 'processing', 'blocked')", "o.status IN ('pending', 'processing') AND o.status = 'pending' AND o.ordering_key = ''"
-	if d == Postgres {
+	switch d {
+	case Postgres:
 		dead, unsettled, pending = "settled AND delivered_at = 0 AND status = 'dead_letter'", "(NOT settled OR status = 'blocked')", "NOT o.settled AND o.status = 'pending' AND o.ordering_key = ''"
+	case MySQL:
+		dead, unsettled, pending = "phase = 3 AND "+dead, "phase IN (1, 2) AND "+unsettled, "o.phase = 1 AND o.status = 'pending' AND o.ordering_key = ''"
 	}
 	s.deadOfGroup = c(`SELECT id FROM millpond_deliveries
 WHERE ` + dead + ` AND stream = @stream AND consumer_group = @group AND id > @after
@@ -1090,10 +1098,14 @@ FROM millpond_deliveries WHERE stream = @stream AND consumer_group = @group AND 
 		s.copyPending = c(copyRows + "IN ({ids})\nON CONFLICT (event_id, consumer_group) DO NOTHING")
 	}
 	if d != Postgres {
+		phases := ""
+		if d == MySQL {
+			phases = " AND phase IN (1, 2, 3)"
+		}
 		s.groupCounts = c(`SELECT COALESCE(SUM(CASE WHEN status IN ('pending', 'blocked') THEN 1 ELSE 0 END), 0),
   COALESCE(SUM(CASE WHEN status = 'processing' THEN 1 ELSE 0 END), 0),
   COALESCE(SUM(CASE WHEN status = 'dead_letter' THEN 1 ELSE 0 END), 0)
-FROM millpond_deliveries WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'blocked', 'processing', 'dead_letter')`)
+FROM millpond_deliveries WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'blocked', 'processing', 'dead_letter')` + phases)
 	}
 	return s
 }
