@@ -5,8 +5,6 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/millpond/millpond/outbox"
 )
 
@@ -30,6 +28,7 @@ func TestReusedMessageCarriesNothingOver(t *testing.T) {
 		}
 		// Every event after every event, so each kind of message is
 		// reused for each kind of event.
+		reuses := 0
 		for _, prev := range events {
 			for _, next := range events {
 				fresh := &JetStream{tmpl: parsed, subjects: map[streamKind]string{}}
@@ -42,13 +41,13 @@ func TestReusedMessageCarriesNothingOver(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				reused := reuse(r, m)
+				r.recycle(m)
 				got, err := r.natsMsg(&next)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if reused && got != m {
-					t.Fatal("the recycled message was not reused")
+				if got == m {
+					reuses++
 				}
 				if !maps.EqualFunc(got.Header, want.Header, slices.Equal) || got.Subject != want.Subject || string(got.Data) != string(want.Data) || got.Reply != "" {
 					t.Errorf("%s: %s then %s: reused message %q %q %v, want %q %q %v", tmpl, prev.Key, next.Key,
@@ -59,18 +58,10 @@ func TestReusedMessageCarriesNothingOver(t *testing.T) {
 				}
 			}
 		}
+		// A sync.Pool may drop what it is given (a quarter of it under the
+		// race detector), but not every time.
+		if reuses == 0 {
+			t.Fatalf("%s: no recycled message was reused", tmpl)
+		}
 	}
-}
-
-// reuse recycles m and reports whether the pool holds it for natsMsg (a
-// sync.Pool may drop what it is given, as under the race detector; then the
-// next message is a new one and the test checks that).
-func reuse(r *JetStream, m *nats.Msg) bool {
-	r.recycle(m)
-	got, _ := r.msgs.Get().(*nats.Msg)
-	if got == nil {
-		return false
-	}
-	r.msgs.Put(got)
-	return got == m
 }
