@@ -1155,19 +1155,19 @@ func testAckHandsOver(t *testing.T, e *env) {
 		return out
 	}
 
-	// a2 is handed over; b2 is not due yet and becomes pending.
-	next := handOver(req, receipts("a1", "b1"), "a2")
+	next := handOver(req, receipts("a1"), "a2")
 	a2 := next["a2"]
 	if a2.Attempts != 1 || a2.OrderingKey != "a" || a2.OrderingSeq != 2 || a2.ClaimKey == "" || a2.Reclaimed ||
 		string(a2.Payload) != `{"key":"a2"}` || a2.Kind != "Thing.Happened" || !a2.LeaseExpiresAt.Equal(e.clock.Now().Add(time.Minute)) {
 		t.Fatalf("a2 handed over as %+v", a2)
 	}
 	e.expectRow(a2.ID, "processing", 1)
-	// At most req.Limit: of c2 and d2, c2 (the lower id) is handed over,
-	// d2 becomes pending.
+	// At most req.Limit: b2 is not due yet and becomes pending without
+	// taking the one place, though its id is lower; of c2 and d2, c2 (the
+	// lower id) is handed over, d2 becomes pending.
 	one := req
 	one.Limit = 1
-	for k, c := range handOver(one, receipts("c1", "d1"), "c2") {
+	for k, c := range handOver(one, receipts("b1", "c1", "d1"), "c2") {
 		next[k] = c
 	}
 	// Another group's request hands nothing of this group over.

@@ -56,7 +56,9 @@ SELECT id, 's', '', IF(id = 1, 'processing', 'blocked'), IF(id = 1, 900000000000
 // flight above 100 due ones (50 pending, 50 whose lease expired) and 7,000
 // delivered or dead-lettered rows below, it reads the 100 due rows only,
 // where a read of each state's range (the due index of version 5, keyed by
-// status) reads every processing row to find the expired ones.
+// status) reads every processing row to find the expired ones. (In-flight
+// rows below the due ones, the usual layout, are still read one each: the
+// range is in id order and their available_at is checked in the row.)
 func TestMySQLClaimReadsOnePhase(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
