@@ -121,13 +121,18 @@ const liveClaims = `WITH live AS MATERIALIZED (
 // probe and lock each, whatever the statistics say.
 const receiptRows = `(SELECT * FROM unnest(@ids::BIGINT[], @keys::TEXT[]) AS u(id, claim_key) ORDER BY id) AS r`
 
-// nextBlockedPG (PostgreSQL) is the id of the blocked event with the lowest
-// sequence number of the key k (stream, consumer_group, ordering_key), read
-// through the blocked index.
-const nextBlockedPG = `SELECT b.id FROM millpond_deliveries b
+// nextBlockedPG (PostgreSQL) is a LATERAL subquery b(id, hand) naming the
+// blocked event with the lowest sequence number of the key k (stream,
+// consumer_group, ordering_key), read through the blocked index, and the
+// condition hand on its row b.
+func nextBlockedPG(hand string) string {
+	return `LATERAL (
+    SELECT b.id, ` + hand + ` AS hand FROM millpond_deliveries b
     WHERE b.stream = k.stream AND b.consumer_group = k.consumer_group AND b.ordering_key = k.ordering_key
       AND b.settled AND b.delivered_at = 0 AND b.ordering_key <> '' AND b.status = 'blocked'
-    ORDER BY b.ordering_seq LIMIT 1`
+    ORDER BY b.ordering_seq LIMIT 1
+  ) b`
+}
 
 // ackKeysPG (PostgreSQL) follows the acknowledgement's CTE live (the rows
 // it settles, locked): kl locks the key rows of the live rows with an
@@ -170,21 +175,15 @@ const ackKeysPG = `kl AS MATERIALIZED (
 // conservative lookup stayed.)
 func nextAfterAckPG(hand string) string {
 	return `nxt AS MATERIALIZED (
-  SELECT b.id, b.hand FROM kl k, LATERAL (
-    SELECT b.id, ` + hand + ` AS hand FROM millpond_deliveries b
-    WHERE b.stream = k.stream AND b.consumer_group = k.consumer_group AND b.ordering_key = k.ordering_key
-      AND b.settled AND b.delivered_at = 0 AND b.ordering_key <> '' AND b.status = 'blocked'
-    ORDER BY b.ordering_seq LIMIT 1
-  ) b
+  SELECT b.id, b.hand FROM kl k, ` + nextBlockedPG(hand) + `
   WHERE k.fresh AND k.remaining > 0
 )`
 }
 
-// handable (PostgreSQL) is whether a blocked row b can be handed over to the
-// consumer of @stream/@group: due, with attempts left.
 const handable = "(b.stream = @stream AND b.consumer_group = @group AND b.available_at <= @now AND b.attempts < @max)"
 
-// handOverAfterAckPG (PostgreSQL) follows nextAfterAckPG(handable): the
+// handOverAfterAckPG (PostgreSQL) follows a CTE nxt(id, hand), such as
+// nextAfterAckPG(handable) or promoteNext's, naming next events: the
 // first @limit (in id order) of the next events that can be handed over
 // are claimed, as a claim would (a claim key derived from @secret, the
 // lease @lease, @worker, one more attempt) and returned by handed; the
@@ -208,8 +207,13 @@ ranked AS MATERIALIZED (
 
 // promotePG (PostgreSQL) follows a CTE nxt(id) naming the next blocked
 // event of each key whose head was settled, under that key row's lock: it
-// makes them pending. As in handOverPG, the UPDATE locks the rows itself,
-// through the primary key, with no separate lock step.
+// makes them pending. As in handOverAfterAckPG, the UPDATE locks the rows
+// itself, through the primary key, with no separate lock step (locked first
+// by a SELECT ... FOR UPDATE in id order, each row cost one more WAL record
+// and one more visit; these rows are blocked and their keys' rows locked by
+// this transaction, so only a discard of the group's undelivered rows, in id
+// order, locks them too: a deadlock the database resolves and the store
+// retries).
 const promotePG = `
 UPDATE millpond_deliveries o SET status = 'pending', settled = false, available_at = GREATEST(o.available_at, @now)
 WHERE o.id = ANY(ARRAY(SELECT id FROM nxt)) AND o.status = 'blocked'`
@@ -232,46 +236,6 @@ ks AS MATERIALIZED (
   UPDATE millpond_ordering m SET unsettled = m.unsettled - kl.n
   FROM kl WHERE m.stream = kl.stream AND m.consumer_group = kl.consumer_group AND m.ordering_key = kl.ordering_key
   RETURNING m.stream, m.consumer_group, m.ordering_key, m.unsettled
-)`
-
-// handOverPG (PostgreSQL) follows a CTE nxt(id) naming the next blocked
-// event of each key whose head was settled in this statement or
-// transaction, under that key row's lock: it promotes them and, instead of
-// making them pending, claims, as a claim would (a claim key derived from
-// @secret, the lease @lease, @worker, one more attempt), those of the
-// consumer group @stream/@group that are due and have attempts left, the
-// first @limit of them in id order (hn, a plain read: a blocked row changes
-// only under its key row's lock, which this transaction holds, or is
-// deleted). Its CTE promoted returns them with hand true; the others became
-// pending. The UPDATE locks the rows itself as it reaches them through the
-// primary key (= ANY of an array: in id order by an index scan, in page
-// order by a bitmap scan, which the planner takes once the table has
-// statistics): locked first by a SELECT ... FOR UPDATE in id order, each
-// row cost one more WAL record (a lock record, then the update's) and one
-// more visit. The order matters less here than elsewhere: these rows are
-// blocked, their keys' rows locked by this transaction, so no other
-// acknowledgement, claim, extension or release locks them; only a discard
-// of the group's undelivered rows (id order) does, and it already meets
-// the acknowledgement's locks of heads before next events out of id order
-// (a deadlock the database resolves and the store retries).
-const handOverPG = `
-hn AS MATERIALIZED (
-  SELECT d.id FROM (
-    SELECT o.id, row_number() OVER (ORDER BY o.id) AS r FROM millpond_deliveries o
-    WHERE o.id = ANY(ARRAY(SELECT id FROM nxt)) AND o.status = 'blocked'
-      AND o.stream = @stream AND o.consumer_group = @group AND o.available_at <= @now AND o.attempts < @max
-  ) d WHERE d.r <= @limit
-), promoted AS (
-  UPDATE millpond_deliveries o SET
-    status = CASE WHEN o.id = ANY(ARRAY(SELECT id FROM hn)) THEN 'processing' ELSE 'pending' END,
-    settled = false,
-    attempts = CASE WHEN o.id = ANY(ARRAY(SELECT id FROM hn)) THEN o.attempts + 1 ELSE o.attempts END,
-    claimed_by = CASE WHEN o.id = ANY(ARRAY(SELECT id FROM hn)) THEN @worker::VARCHAR ELSE o.claimed_by END,
-    claim_key = CASE WHEN o.id = ANY(ARRAY(SELECT id FROM hn)) THEN left(encode(sha256(convert_to(@secret::TEXT || o.id::TEXT, 'UTF8')), 'hex'), 32) ELSE o.claim_key END,
-    available_at = CASE WHEN o.id = ANY(ARRAY(SELECT id FROM hn)) THEN @now + @lease::BIGINT ELSE GREATEST(o.available_at, @now) END
-  WHERE o.id = ANY(ARRAY(SELECT id FROM nxt)) AND o.status = 'blocked'
-  RETURNING o.id, o.event_id, o.stream, o.consumer_group, o.attempts, o.claim_key, o.available_at, o.ordering_key, o.ordering_seq,
-    o.status = 'processing' AS hand
 )`
 
 const claimColumns = "id, stream, consumer_group, event_key, event_kind, payload, metadata, attempts, claim_key, available_at, created_at, ordering_key, ordering_seq"
@@ -555,16 +519,17 @@ SELECT stream, consumer_group, ordering_key FROM dec WHERE unsettled > 0`)
 		// dead letters; the blocked index holds both kinds of rows with an
 		// ordering key.
 		s.promoteKeys = c(`WITH nxt AS MATERIALIZED (
-  SELECT (` + nextBlockedPG + `) AS id
-  FROM unnest(@streams::TEXT[], @groups::TEXT[], @okeys::TEXT[]) AS k(stream, consumer_group, ordering_key)
+  SELECT b.id FROM unnest(@streams::TEXT[], @groups::TEXT[], @okeys::TEXT[]) AS k(stream, consumer_group, ordering_key),
+  ` + nextBlockedPG("false") + `
 )` + promotePG)
-		// The same promotion handing the next events over (see handOverPG).
+		// The same promotion handing the next events over, as an
+		// acknowledgement does (see handOverAfterAckPG).
 		s.promoteNext = c(`WITH nxt AS MATERIALIZED (
-  SELECT (` + nextBlockedPG + `) AS id
-  FROM unnest(@streams::TEXT[], @groups::TEXT[], @okeys::TEXT[]) AS k(stream, consumer_group, ordering_key)
-),` + handOverPG + `
+  SELECT b.id, b.hand FROM unnest(@streams::TEXT[], @groups::TEXT[], @okeys::TEXT[]) AS k(stream, consumer_group, ordering_key),
+  ` + nextBlockedPG(handable) + `
+),` + handOverAfterAckPG + `
 SELECT p.id, p.stream, p.consumer_group, e.event_key, e.event_kind, e.payload, e.metadata, p.attempts, p.claim_key, p.available_at, e.created_at, p.ordering_key, p.ordering_seq
-FROM promoted p JOIN millpond_events e ON e.id = p.event_id WHERE p.hand`)
+FROM handed p JOIN millpond_events e ON e.id = p.event_id`)
 		s.failSkip = c(`UPDATE millpond_deliveries SET
   status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'pending' END,
   settled = attempts >= @max,
