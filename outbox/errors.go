@@ -39,6 +39,10 @@ var (
 	// ErrStaleClaim reports a claim key that no longer owns its event;
 	// nothing was changed.
 	ErrStaleClaim = sqlcore.ErrStaleClaim
+	// ErrSchemaOutdated reports a database whose schema lacks columns this
+	// version of millpond needs: its migrations have not all run (see
+	// Store.CheckSchema).
+	ErrSchemaOutdated = sqlcore.ErrSchemaOutdated
 	// ErrInvalidSelector reports a DeadSelector that names none or more than
 	// one of ids, a kind, or all of a group.
 	ErrInvalidSelector = sqlcore.ErrInvalidSelector

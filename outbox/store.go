@@ -44,6 +44,7 @@ type Store struct {
 	tel        *telemetry  // metrics and traces
 	statsCache statsCache  // the snapshot behind the gauges and CachedStats
 	listenerUp atomic.Bool // the PostgreSQL listener is connected
+	schemaOK   atomic.Bool // CheckSchema found the schema current
 }
 
 // Option configures a Store.
@@ -275,8 +276,26 @@ func (s *Store) Migrate(ctx context.Context) error {
 	return nil
 }
 
+// CheckSchema reports whether the database holds the schema this version
+// of millpond needs (every column its statements use). When a migration
+// has not run it returns an error wrapping ErrSchemaOutdated that names the
+// missing columns. Subscribe runs it once per store, so a new version
+// started before its migrations fails at once with that error instead of
+// failing every claim; call it at start where nothing subscribes.
+func (s *Store) CheckSchema(ctx context.Context) error {
+	if s.schemaOK.Load() {
+		return nil
+	}
+	if err := s.core.CheckSchema(ctx); err != nil {
+		return fmt.Errorf("outbox: check schema: %w", err)
+	}
+	s.schemaOK.Store(true)
+	return nil
+}
+
 // MigrateDown removes the outbox schema and every event in it.
 func (s *Store) MigrateDown(ctx context.Context) error {
+	s.schemaOK.Store(false)
 	if err := s.core.MigrateDown(ctx); err != nil {
 		return fmt.Errorf("outbox: migrate down: %w", err)
 	}

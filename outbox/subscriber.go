@@ -203,7 +203,8 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 	return s.store.RegisterGroup(context.Background(), topic, s.config.ConsumerGroup, s.config.Kinds...)
 }
 
-// Subscribe registers the consumer group for the topic and returns the
+// Subscribe checks the database's schema (Store.CheckSchema, once per
+// store), registers the consumer group for the topic and returns the
 // channel of its messages. The channel closes when ctx ends or Close is
 // called, after messages already handed out are settled (see CloseTimeout).
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
@@ -211,6 +212,9 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	defer s.mu.Unlock()
 	if s.closed {
 		return nil, ErrClosed
+	}
+	if err := s.store.CheckSchema(ctx); err != nil {
+		return nil, fmt.Errorf("outbox: subscribe: %w", err)
 	}
 	if !s.config.SkipRegistration {
 		if err := s.store.RegisterGroup(ctx, topic, s.config.ConsumerGroup, s.config.Kinds...); err != nil {

@@ -38,6 +38,9 @@ var (
 	// lease expired, another worker reclaimed it, or it was already settled.
 	// Nothing was changed.
 	ErrStaleClaim = errors.New("claim is stale")
+	// ErrSchemaOutdated reports a database whose schema lacks what this
+	// version needs: its migrations have not all run.
+	ErrSchemaOutdated = errors.New("the database schema is older than this version of millpond: run its migrations (Store.Migrate, millpond migrate, or the goose or golang-migrate files)")
 	// ErrInvalidSelector reports a selection of events that names none or
 	// more than one of its alternatives (ids, a kind, all of a group).
 	ErrInvalidSelector = errors.New("invalid selector")
