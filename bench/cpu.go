@@ -29,6 +29,11 @@ type cpuTimes struct {
 	// connection); the others only tell how much time a thread that
 	// switched to the bench's database had used before.
 	ours map[backend]bool
+	// natsThreads is each nats-server thread's CPU time, keyed like
+	// backends and differenced the same way (a thread that exits between
+	// two samples is left out; summing all threads and differencing the
+	// sums would subtract its whole life).
+	natsThreads map[backend]time.Duration
 }
 
 // backend identifies a server process: its pid and its start time (in
@@ -124,16 +129,22 @@ func sampleCPU(ctx context.Context, db *database) cpuTimes {
 		for _, e := range entries {
 			comm, err := os.ReadFile("/proc/" + e.Name() + "/comm")
 			if err == nil && strings.TrimSpace(string(comm)) == "nats-server" {
-				// Every thread's time, in nanoseconds (schedstat): a
-				// thread that exited between two samples is missed.
+				// Every thread's time, in nanoseconds (schedstat).
 				tasks, err := os.ReadDir("/proc/" + e.Name() + "/task")
 				if err != nil {
 					continue
 				}
 				for _, task := range tasks {
-					if d, _, ok := threadCPU(task.Name()); ok {
-						t.nats = max(t.nats, 0) + d
+					d, start, ok := threadCPU(task.Name())
+					tid, err := strconv.Atoi(task.Name())
+					if !ok || err != nil {
+						continue
 					}
+					if t.natsThreads == nil {
+						t.natsThreads = map[backend]time.Duration{}
+					}
+					t.natsThreads[backend{tid, start}] = d
+					t.nats = max(t.nats, 0) + d
 				}
 			}
 		}
@@ -216,21 +227,34 @@ func (t cpuTimes) sub(from cpuTimes) cpuTimes {
 		}
 		return a - b
 	}
-	db := time.Duration(-1)
-	if t.backends != nil && from.backends != nil {
-		db = 0
-		for b, v := range t.backends {
-			if t.ours != nil && !t.ours[b] {
-				continue
-			}
-			v0, ok := from.backends[b]
-			switch {
-			case !ok:
-				db += v // started after the first sample
-			case v >= v0:
-				db += v - v0
-			}
+	db := threadsSub(t.backends, from.backends, t.ours)
+	nats := threadsSub(t.natsThreads, from.natsThreads, nil)
+	if t.nats < 0 || from.nats < 0 {
+		nats = -1
+	}
+	return cpuTimes{client: d(t.client, from.client), db: db, nats: nats}
+}
+
+// threadsSub is the CPU time threads spent between two samples (-1 when
+// either is unknown): for a thread in both, the difference; for one that
+// started after the first sample, all of its time; one that exited before
+// the second is left out. With ours not nil, only the threads it names.
+func threadsSub(now, from map[backend]time.Duration, ours map[backend]bool) time.Duration {
+	if now == nil || from == nil {
+		return -1
+	}
+	var sum time.Duration
+	for b, v := range now {
+		if ours != nil && !ours[b] {
+			continue
+		}
+		v0, ok := from[b]
+		switch {
+		case !ok:
+			sum += v // started after the first sample
+		case v >= v0:
+			sum += v - v0
 		}
 	}
-	return cpuTimes{client: d(t.client, from.client), db: db, nats: d(t.nats, from.nats)}
+	return sum
 }
