@@ -287,6 +287,9 @@ func (r *runner) run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return fmt.Errorf("%w: Run called twice", ErrInvalidConfig)
 	}
+	if err := r.store.CheckSchema(ctx); err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
 	for _, stream := range r.cfg.Streams {
 		if err := r.store.RegisterGroup(ctx, stream, r.cfg.Group, r.cfg.Kinds...); err != nil {
 			return fmt.Errorf("relay: register the consumer group: %w", err)

@@ -2,7 +2,9 @@ package relay_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -210,5 +212,23 @@ func TestClaimsRampUpOverABacklog(t *testing.T) {
 				t.Errorf("the first claim took %d events, %d claims the largest %d; want 32, 3 (32, 64, 128), 128", first, claims, largest)
 			}
 		})
+	}
+}
+
+// TestRunRefusesAnOutdatedSchema: a relay started before the database's
+// migrations ran returns ErrSchemaOutdated at once instead of failing
+// every claim.
+func TestRunRefusesAnOutdatedSchema(t *testing.T) {
+	db := testdb.New(t, "postgres")
+	store := db.Store(t)
+	db.Exec(t, "ALTER TABLE millpond_deliveries DROP COLUMN key_released CASCADE") // and the view over it
+	w, err := relay.NewWatermill(store, newRecordingPublisher(), relay.WatermillConfig{Config: relay.Config{Streams: []string{"s"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := w.Run(ctx); !errors.Is(err, outbox.ErrSchemaOutdated) || !strings.Contains(err.Error(), "millpond_deliveries.key_released") {
+		t.Fatalf("Run = %v, want ErrSchemaOutdated naming the missing column", err)
 	}
 }
