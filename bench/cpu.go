@@ -17,6 +17,10 @@ import (
 // that cannot be read is negative.
 type cpuTimes struct {
 	client, db, nats time.Duration
+	// sleeps is how often the bench process's threads waited (voluntary
+	// context switches: a parked Go runtime thread, a sync of the database
+	// file), -1 when unknown.
+	sleeps int64
 	// backends is each database backend's CPU time, by process (pid and
 	// start time, so a reused pid is another process). A difference of two
 	// samples counts, for a backend present in both, the time between
@@ -47,8 +51,9 @@ func sampleCPU(ctx context.Context, db *database) cpuTimes {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
 		t.client = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		t.sleeps = ru.Nvcsw
 	} else {
-		t.client = -1
+		t.client, t.sleeps = -1, -1
 	}
 	t.db = -1
 	if db.pool != nil {
@@ -232,5 +237,9 @@ func (t cpuTimes) sub(from cpuTimes) cpuTimes {
 			}
 		}
 	}
-	return cpuTimes{client: d(t.client, from.client), db: db, nats: d(t.nats, from.nats)}
+	sleeps := int64(-1)
+	if t.sleeps >= 0 && from.sleeps >= 0 {
+		sleeps = t.sleeps - from.sleeps
+	}
+	return cpuTimes{client: d(t.client, from.client), db: db, nats: d(t.nats, from.nats), sleeps: sleeps}
 }
