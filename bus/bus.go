@@ -201,7 +201,12 @@ func (b *Bus) subscriberConfig(group string, kinds []string, p handlers.Policy) 
 }
 
 func (b *Bus) addHandler(h handlers.Handler) error {
-	sub, err := outbox.NewSubscriber(b.store, b.subscriberConfig(h.Name(), []string{h.Kind()}, h.Policy()))
+	cfg := b.subscriberConfig(h.Name(), []string{h.Kind()}, h.Policy())
+	// Start registers the group (RegisterGroups) before the router runs:
+	// the subscriber need not register it a second time when the router
+	// subscribes it (one write transaction less per handler at start).
+	cfg.SkipRegistration = true
+	sub, err := outbox.NewSubscriber(b.store, cfg)
 	if err != nil {
 		return fmt.Errorf("bus: handler %q: %w", h.Name(), err)
 	}
