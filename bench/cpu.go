@@ -17,6 +17,10 @@ import (
 // that cannot be read is negative.
 type cpuTimes struct {
 	client, db, nats time.Duration
+	// sleeps is how often the bench process's threads waited (voluntary
+	// context switches: a parked Go runtime thread, a sync of the database
+	// file), -1 when unknown.
+	sleeps int64
 	// backends is each database backend's CPU time, by process (pid and
 	// start time, so a reused pid is another process). A difference of two
 	// samples counts, for a backend present in both, the time between
@@ -52,8 +56,9 @@ func sampleCPU(ctx context.Context, db *database) cpuTimes {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
 		t.client = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		t.sleeps = ru.Nvcsw
 	} else {
-		t.client = -1
+		t.client, t.sleeps = -1, -1
 	}
 	t.db = -1
 	if db.pool != nil {
@@ -232,7 +237,11 @@ func (t cpuTimes) sub(from cpuTimes) cpuTimes {
 	if t.nats < 0 || from.nats < 0 {
 		nats = -1
 	}
-	return cpuTimes{client: d(t.client, from.client), db: db, nats: nats}
+	sleeps := int64(-1)
+	if t.sleeps >= 0 && from.sleeps >= 0 {
+		sleeps = t.sleeps - from.sleeps
+	}
+	return cpuTimes{client: d(t.client, from.client), db: db, nats: nats, sleeps: sleeps}
 }
 
 // threadsSub is the CPU time threads spent between two samples (-1 when

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/pprof"
 	"sort"
 	"strings"
@@ -375,6 +376,8 @@ func runSystem(ctx context.Context, db *database, cfg config, info systemInfo) (
 	// handled once.
 	runCtx, cancelRun := context.WithCancel(ctx)
 	defer cancelRun()
+	var mem0, mem1 runtime.MemStats
+	runtime.ReadMemStats(&mem0)
 	cpuBefore := sampleCPU(ctx, db)
 	start := t.now()
 	// Goroutines started here carry the label, so a CPU profile of the
@@ -403,12 +406,17 @@ func runSystem(ctx context.Context, db *database, cfg config, info systemInfo) (
 		return res
 	}
 	cpu := sampleCPU(ctx, db).sub(cpuBefore)
+	runtime.ReadMemStats(&mem1)
 	res.goCPU, res.dbCPU = cpu.client, cpu.db
 	res.deliverRate = float64(n) / (t.lastFirstSeen(1, n) - time.Duration(start)).Seconds()
 	res.firstHandled = t.firstFirstSeen(1, n) - time.Duration(start)
-	logf("%s: deliver %.0f ev/s (first event handled %s after Start was called); CPU per event: bench process %.1f µs, database %.1f µs",
+	// Allocations and GC cycles do not depend on the machine's load, unlike
+	// CPU time.
+	logf("%s: deliver %.0f ev/s (first event handled %s after Start was called); CPU per event: bench process %.1f µs, database %.1f µs; "+
+		"bench process per event: %.1f allocations, %.0f bytes, %.2f voluntary context switches; %d GC cycles",
 		info.name, res.deliverRate, res.firstHandled.Round(time.Millisecond),
-		float64(res.goCPU.Microseconds())/float64(n), float64(res.dbCPU.Microseconds())/float64(n))
+		float64(res.goCPU.Microseconds())/float64(n), float64(res.dbCPU.Microseconds())/float64(n),
+		float64(mem1.Mallocs-mem0.Mallocs)/float64(n), float64(mem1.TotalAlloc-mem0.TotalAlloc)/float64(n), float64(cpu.sleeps)/float64(n), mem1.NumGC-mem0.NumGC)
 
 	// 3. Latency phase: consumers keep running; producers offer a fixed
 	// rate and each event's commit-to-handle time is recorded.

@@ -51,6 +51,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millpond/millpond/handlers"
+	"github.com/millpond/millpond/internal/gostack"
 	"github.com/millpond/millpond/outbox"
 )
 
@@ -141,7 +142,8 @@ func New(store *outbox.Store, cfg Config, hs ...handlers.Handler) (*Bus, error) 
 	}
 	b := &Bus{store: store, cfg: cfg, router: router}
 	// Keep a failed handler's error text, and its wish to skip retries, on
-	// the message for the subscriber's Nack.
+	// the message for the subscriber's Nack; as the first middleware it is
+	// the outermost, where it grows the stack for the handler.
 	router.AddMiddleware(recordFailure)
 	names := map[string]bool{}
 	streams := map[string]bool{}
@@ -201,7 +203,12 @@ func (b *Bus) subscriberConfig(group string, kinds []string, p handlers.Policy) 
 }
 
 func (b *Bus) addHandler(h handlers.Handler) error {
-	sub, err := outbox.NewSubscriber(b.store, b.subscriberConfig(h.Name(), []string{h.Kind()}, h.Policy()))
+	cfg := b.subscriberConfig(h.Name(), []string{h.Kind()}, h.Policy())
+	// Start registers the group (RegisterGroups) before the router runs:
+	// the subscriber need not register it a second time when the router
+	// subscribes it (one write transaction less per handler at start).
+	cfg.SkipRegistration = true
+	sub, err := outbox.NewSubscriber(b.store, cfg)
 	if err != nil {
 		return fmt.Errorf("bus: handler %q: %w", h.Name(), err)
 	}
@@ -244,14 +251,24 @@ func (b *Bus) addUnrouted(stream string) error {
 
 // recordFailure keeps a failed handler's error text on the message and marks
 // permanent failures for immediate dead-lettering.
+//
+// It is the router's first middleware, the outermost frame of a message's
+// handling: it grows the goroutine's stack for the handler (see
+// internal/gostack), where growing copies the fewest frames. The router
+// handles every message in a new goroutine, whose first stack a typed
+// handler's decoding outgrows.
 func recordFailure(h message.HandlerFunc) message.HandlerFunc {
-	return outbox.RecordHandlerError(func(msg *message.Message) ([]*message.Message, error) {
+	record := outbox.RecordHandlerError(func(msg *message.Message) ([]*message.Message, error) {
 		out, err := h(msg)
 		if handlers.IsPermanent(err) {
 			msg.Metadata.Set(outbox.MetadataDeadLetterNow, "true")
 		}
 		return out, err
 	})
+	return func(msg *message.Message) ([]*message.Message, error) {
+		gostack.Grow()
+		return record(msg)
+	}
 }
 
 // Router returns the Watermill router, to add middleware or plugins before

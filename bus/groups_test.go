@@ -89,3 +89,59 @@ func TestStartWarnsAboutUnservedGroups(t *testing.T) {
 		})
 	}
 }
+
+// Start registers each handler's consumer group once, through
+// RegisterGroups, and not again when the router subscribes the handler's
+// subscriber: each registration is a write transaction (on SQLite, a turn
+// of the single writer). A trigger counts the registration INSERTs, which
+// fire it even when the row is already there (ON CONFLICT DO NOTHING).
+func TestStartRegistersEachGroupOnce(t *testing.T) {
+	db := testdb.New(t, "sqlite")
+	store := db.Store(t)
+	ctx := context.Background()
+	for _, stmt := range []string{
+		`CREATE TABLE test_registrations (consumer_group TEXT NOT NULL)`,
+		`CREATE TRIGGER test_count_registrations BEFORE INSERT ON millpond_subscriptions
+BEGIN INSERT INTO test_registrations VALUES (NEW.consumer_group); END`,
+	} {
+		if _, err := db.SQL.ExecContext(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fn := func(context.Context, orderPlaced, handlers.Meta) error { return nil }
+	b := startBus(t, store, bus.Config{Subscriber: fastSubscriber},
+		handlers.New("reserve-stock", "orders", "OrderPlaced", fn),
+		handlers.New("notify", "orders", "OrderShipped", fn))
+	// The router has subscribed every handler's subscriber by the time
+	// Start returns; stopping waits for them all.
+	if err := b.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := db.SQL.QueryContext(ctx, `SELECT consumer_group, COUNT(*) FROM test_registrations GROUP BY consumer_group ORDER BY consumer_group`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	got := map[string]int{}
+	for rows.Next() {
+		var g string
+		var n int
+		if err := rows.Scan(&g, &n); err != nil {
+			t.Fatal(err)
+		}
+		got[g] = n
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got["reserve-stock"] != 1 || got["notify"] != 1 {
+		t.Fatalf("registration INSERTs by consumer group: %v, want one for reserve-stock and one for notify", got)
+	}
+	regs, err := store.RegisteredGroups(ctx, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(regs) != 2 {
+		t.Fatalf("registered groups of orders: %+v, want reserve-stock and notify", regs)
+	}
+}

@@ -12,6 +12,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millpond/millpond/internal/gostack"
 )
 
 // The two benchmarks below hand b.N messages of a ~200-byte JSON event out
@@ -104,10 +106,11 @@ func BenchmarkHandOutToRouterTypedHandler(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	// As the bus's router: a middleware that records failures, a handler
-	// that checks the kind.
+	// As the bus's router: a middleware that grows the stack and records
+	// failures, a handler that checks the kind.
 	r.AddMiddleware(func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
+			gostack.Grow()
 			out, err := next(msg)
 			if err != nil {
 				msg.Metadata.Set("error", err.Error())

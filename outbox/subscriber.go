@@ -36,6 +36,8 @@ type SubscriberConfig struct {
 	// group to the topic. Use it for the default group "" to process the
 	// events that no registered group takes (the bus does, for its
 	// unrouted-event policy); registering "" would give it every event.
+	// Use it too when the group is registered otherwise before Subscribe
+	// (the bus registers its handlers' groups at Start), to spare a write.
 	SkipRegistration bool
 	// Worker names this process in claimed rows; default host-pid-random.
 	Worker string

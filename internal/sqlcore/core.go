@@ -400,23 +400,25 @@ func (c *Core) Claim(ctx context.Context, req ClaimRequest) ([]Claimed, error) {
 	out := make([]Claimed, 0, req.Limit)
 	var eventIDs []int64 // SQLite: the event of each row of out
 	// The scan's destinations are made once, not per row (where they
-	// escaped to the heap: five allocations a row). PostgreSQL's claim
-	// does not return the stream and group: they are the request's.
+	// escaped to the heap: five allocations a row). The claim does not
+	// return the stream and group: they are the request's.
 	var cl Claimed
-	var md string
-	var expires, created int64
+	var md, status string
+	var expires, created, eid int64
 	dest := []any{&cl.ID, &cl.Key, &cl.Kind, &cl.Payload, &md, &cl.Attempts, &cl.ClaimKey, &expires, &created, &cl.OrderingKey, &cl.OrderingSeq, &cl.Reclaimed}
+	if c.dialect == SQLite {
+		dest = []any{&cl.ID, &eid, &cl.Attempts, &cl.ClaimKey, &expires, &cl.OrderingKey, &cl.OrderingSeq, &status}
+	}
 	for rows.Next() {
 		cl = Claimed{}
 		if c.dialect == SQLite {
-			var status string
-			var eid int64
-			if err := rows.Scan(&cl.ID, &cl.Stream, &cl.Group, &eid, &cl.Attempts, &cl.ClaimKey, &expires, &cl.OrderingKey, &cl.OrderingSeq, &status); err != nil {
+			if err := rows.Scan(dest...); err != nil {
 				return nil, err
 			}
 			if status != StatusProcessing {
 				continue
 			}
+			cl.Stream, cl.Group = req.Stream, req.Group
 			cl.LeaseExpiresAt = fromMicros(expires)
 			cl.Reclaimed = expired[cl.ID]
 			out = append(out, cl)

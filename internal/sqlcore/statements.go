@@ -244,6 +244,11 @@ const claimColumns = "id, stream, consumer_group, event_key, event_kind, payload
 // event's content is read next, by event_id (eventsByID).
 const claimRowColumns = "id, stream, consumer_group, event_id, attempts, claim_key, available_at, ordering_key, ordering_seq"
 
+// claimedColumnsSQLite are the columns SQLite's claim returns: a claimed
+// row's stream and group are the request's, and are not read back (two
+// strings fewer to convert and allocate per claimed row).
+const claimedColumnsSQLite = "id, event_id, attempts, claim_key, available_at, ordering_key, ordering_seq, status"
+
 // deadAt is the claim's dead-letter test for a row (prefix "o." or ""):
 // its attempts are used up, and it has no ordering key or the group holds
 // dead keys. Under DeadLetterSkip an exhausted row with an ordering key is
@@ -787,7 +792,7 @@ WHERE id IN (
   SELECT id FROM millpond_deliveries
   WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'processing') AND available_at <= @now
   ORDER BY id LIMIT @limit)
-RETURNING ` + claimRowColumns + `, status`)
+RETURNING ` + claimedColumnsSQLite)
 		s.ack = c(`UPDATE millpond_deliveries SET status = 'delivered', delivered_at = @now
 WHERE status = 'processing' AND available_at > @now AND ordering_key = '' AND (id, claim_key) IN ({pairs})
 RETURNING id`)
