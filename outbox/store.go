@@ -112,8 +112,9 @@ func WithNotifyEvery(d time.Duration) Option {
 //
 // The event itself (millpond_events, its key, kind, payload and metadata)
 // stays until Purge: it is the idempotency key, so enqueueing an
-// acknowledged key again returns Enqueued{ID: 0, Inserted: false} (the
-// event is known; it has no delivery row left) and delivers nothing. With
+// acknowledged key again delivers nothing and returns Inserted false with
+// the lowest delivery row id the event has left (another group's), or ID
+// 0 when it has none (the event is known; every row is gone). With
 // this option Purge also deletes events created more than its horizon ago
 // that no delivery row points at, and discarding or moving delivery rows
 // (DiscardDead, RetireGroup, Reroute) leaves their events to Purge as well.
