@@ -318,13 +318,13 @@ func TestDeleteOnAckSubscriberExactlyOnce(t *testing.T) {
 	for _, dialect := range testdb.Dialects {
 		t.Run(dialect, func(t *testing.T) {
 			t.Parallel()
-			const n = 3000
+			const n = 1000
 			const stream = "delack"
 			db := testdb.New(t, dialect)
 			store := db.Store(t, outbox.WithDeleteOnAck())
 			enqueueMany(t, db, store, stream, "ev", n)
 			sub, err := outbox.NewSubscriber(store, outbox.SubscriberConfig{
-				Lease: time.Second, BatchSize: 1000, MaxInFlight: 8, PollInterval: 20 * time.Millisecond,
+				Lease: 3 * time.Second, BatchSize: 1000, MaxInFlight: 8, PollInterval: 20 * time.Millisecond,
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -344,9 +344,10 @@ func TestDeleteOnAckSubscriberExactlyOnce(t *testing.T) {
 				go func() {
 					defer readers.Done()
 					for msg := range msgs {
-						// 3,000 events at 4 ms over 8 handlers take 1.5 s:
-						// the batch's leases (1 s) are extended meanwhile.
-						time.Sleep(4 * time.Millisecond)
+						// 1,000 events (one batch) at 50 ms over 8 handlers
+						// take over 6 s: the batch's leases (3 s, extended
+						// every second) are extended while the handlers ack.
+						time.Sleep(50 * time.Millisecond)
 						mu.Lock()
 						deliveries[msg.UUID]++
 						if len(deliveries) == n && deliveries[msg.UUID] == 1 {
@@ -366,7 +367,7 @@ func TestDeleteOnAckSubscriberExactlyOnce(t *testing.T) {
 			for db.Count(t, "SELECT COUNT(*) FROM millpond_deliveries") > 0 && time.Now().Before(deadline) {
 				time.Sleep(20 * time.Millisecond)
 			}
-			time.Sleep(1500 * time.Millisecond) // longer than a lease: a lost ack would deliver again
+			time.Sleep(3500 * time.Millisecond) // longer than a lease: a lost ack would deliver again
 			if err := sub.Close(); err != nil {
 				t.Fatal(err)
 			}
