@@ -583,7 +583,7 @@ func (s *server) eventDetail(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(rows) == 0 {
-		s.fail(w, r, http.StatusNotFound, fmt.Sprintf("There is no event with id %d (it may have been delivered and purged).", id))
+		s.fail(w, r, http.StatusNotFound, fmt.Sprintf("There is no event with id %d (it may have been delivered and purged, or acknowledged by a store that deletes on acknowledgement).", id))
 		return
 	}
 	rec := rows[0]

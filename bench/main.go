@@ -48,6 +48,7 @@ type config struct {
 	relaySystems   string
 	relayWindows   string
 	relayPollClock bool
+	relayDelete    bool
 	claimCost      bool
 	claimEvents    int
 	claimKeys      int
@@ -84,6 +85,8 @@ func main() {
 	flag.StringVar(&cfg.relaySystems, "relay-systems", "bare,relay,forwarder", "systems of -relay mode, comma-separated: bare, relay, forwarder")
 	flag.BoolVar(&cfg.relayPollClock, "relay-poll-clock", false,
 		"-relay mode: stop the relay's clock when polling the stream's info (every 2 ms, while it runs) finds every event, instead of at its last PubAck (the bare loop's criterion)")
+	flag.BoolVar(&cfg.relayDelete, "relay-delete-on-ack", false,
+		"-relay mode: the store deletes acknowledged delivery rows (outbox.WithDeleteOnAck) instead of marking them delivered")
 	flag.StringVar(&cfg.relayWindows, "relay-windows", "256,1000", "publish windows (most unconfirmed publishes) of -relay mode's bare loop and relay, comma-separated")
 	flag.BoolVar(&cfg.claimCost, "claim-cost", false,
 		"instead of the systems, time claims on streams holding backlogs blocked behind ordering keys")

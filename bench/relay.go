@@ -69,7 +69,11 @@ func runRelayBench(ctx context.Context, db *database, cfg config, env string) er
 		return fmt.Errorf("-nats %s: %w", relay.RedactURL(cfg.natsURL), err)
 	}
 	defer nc.Close()
-	store, err := db.store(outbox.WithoutListen())
+	storeOpts := []outbox.Option{outbox.WithoutListen()}
+	if cfg.relayDelete {
+		storeOpts = append(storeOpts, outbox.WithDeleteOnAck())
+	}
+	store, err := db.store(storeOpts...)
 	if err != nil {
 		return err
 	}

@@ -28,6 +28,17 @@ func init() {
 		},
 	})
 	register(systemInfo{
+		name:     "millpond-delete",
+		label:    "millpond, bare Subscriber (batch 1000, 8 in flight), WithDeleteOnAck",
+		notes:    "as millpond, on a store with outbox.WithDeleteOnAck: an acknowledgement deletes the group's delivery row instead of marking it delivered (the event stays until Purge)",
+		order:    0,
+		dialects: allDialects,
+		extra:    true,
+		new: func(o Options) System {
+			return &millpondSystem{workers: o.Workers, batch: 1000, inFlight: o.Workers, deleteOnAck: true}
+		},
+	})
+	register(systemInfo{
 		name:     "millpond-default",
 		label:    "millpond, bare Subscriber (defaults: batch 100, 1 in flight)",
 		notes:    "as millpond, with SubscriberConfig left at its defaults (BatchSize 100, MaxInFlight 1); -workers goroutines read the channel, but only one message is out at a time",
@@ -104,7 +115,9 @@ type millpondSystem struct {
 	// orderKeys > 0 gives the events ordering keys, round robin over
 	// this many keys.
 	orderKeys int
-	enqueued  atomic.Int64
+	// deleteOnAck opens the store with outbox.WithDeleteOnAck.
+	deleteOnAck bool
+	enqueued    atomic.Int64
 
 	db    *database
 	store *outbox.Store
@@ -115,7 +128,11 @@ type millpondSystem struct {
 
 func (s *millpondSystem) Setup(ctx context.Context, db *database) error {
 	s.db = db
-	store, err := db.store()
+	var opts []outbox.Option
+	if s.deleteOnAck {
+		opts = append(opts, outbox.WithDeleteOnAck())
+	}
+	store, err := db.store(opts...)
 	if err != nil {
 		return err
 	}

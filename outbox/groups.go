@@ -109,7 +109,9 @@ type GroupInfo struct {
 	Processing int64
 	// Dead counts dead-lettered events.
 	Dead int64
-	// Delivered counts delivered events that Purge has not removed yet.
+	// Delivered counts delivered events that Purge has not removed yet
+	// (with WithDeleteOnAck, only those delivered before the option was
+	// set: acknowledged rows are deleted).
 	Delivered int64
 	// LastEnqueuedAt is when the newest event still stored for the group
 	// was enqueued; zero when it has no rows.
@@ -117,7 +119,8 @@ type GroupInfo struct {
 	// LastDeliveredAt is when the group last acknowledged an event, among
 	// the delivered rows Purge has not removed; zero when there is none.
 	// It is the group's last sign of a working consumer: claims and
-	// failures leave no timestamp behind.
+	// failures leave no timestamp behind. With WithDeleteOnAck it stays
+	// zero (or at the last row delivered before the option was set).
 	LastDeliveredAt time.Time
 }
 
@@ -250,7 +253,8 @@ func (s *Store) RetireGroup(ctx context.Context, r RetireRequest) (Retired, erro
 // Events that are not dead letters of the stream are left alone, so a
 // result of 0 means nothing matched. A discarded event is gone for good; its
 // key leaves the idempotency window unless another group still holds a row
-// for it.
+// for it (with WithDeleteOnAck the event, and so its key, stays until
+// Purge).
 func (s *Store) DiscardDead(ctx context.Context, sel DeadSelector) (int64, error) {
 	n, err := s.core.DiscardDead(ctx, sqlcore.DeadSelector(sel))
 	if err != nil {

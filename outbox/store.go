@@ -55,6 +55,7 @@ type storeOptions struct {
 	logger      *slog.Logger
 	listen      bool
 	notifyEvery time.Duration
+	deleteOnAck bool
 
 	meterProvider  metric.MeterProvider
 	tracerProvider trace.TracerProvider
@@ -100,6 +101,36 @@ func WithNotifyEvery(d time.Duration) Option {
 	return func(o *storeOptions) { o.notifyEvery = d }
 }
 
+// WithDeleteOnAck makes acknowledgements delete the acknowledged delivery
+// row instead of marking it delivered: with it, an acknowledged event
+// leaves no delivery history for its consumer group (like watermill-sql's
+// DeleteOnAck, which deletes an acknowledged message instead of marking it
+// acked). Every acknowledgement of the store (Acknowledge, AcknowledgeInTx,
+// Subscriber, bus and relay) deletes, with the same checks and results:
+// only receipts that still own their event under a live lease take
+// effect, the others are reported stale. Ordering keys work as before.
+//
+// The event itself (millpond_events, its key, kind, payload and metadata)
+// stays until Purge: it is the idempotency key, so enqueueing an
+// acknowledged key again delivers nothing and returns Inserted false with
+// the lowest delivery row id the event has left (another group's), or ID
+// 0 when it has none (the event is known; every row is gone). With
+// this option Purge also deletes events created more than its horizon ago
+// that no delivery row points at, and discarding or moving delivery rows
+// (DiscardDead, RetireGroup, Reroute) leaves their events to Purge as well.
+//
+// What operators see: FindEvents, ListGroups' delivered counts and last
+// acknowledgement, Stats and the millpond_outbox view show no acknowledged
+// rows of this store (FindEvents returns nothing for an event whose rows
+// are all acknowledged); rows delivered before the option was set remain
+// until Purge. On PostgreSQL an acknowledgement that deletes writes about
+// a sixth of the WAL of one that updates (the update changes an indexed
+// column, so it cannot be a heap-only update). Use the option on every
+// Store over the same tables, or none.
+func WithDeleteOnAck() Option {
+	return func(o *storeOptions) { o.deleteOnAck = true }
+}
+
 func buildOptions(opts []Option) storeOptions {
 	o := storeOptions{listen: true, logger: slog.New(slog.DiscardHandler), notifyEvery: DefaultNotifyEvery, statsInterval: DefaultStatsInterval}
 	for _, opt := range opts {
@@ -120,6 +151,9 @@ func newStore(d sqlcore.Dialect, db sqlcore.DB, o storeOptions) (*Store, error) 
 	})}
 	if o.clock != nil {
 		coreOpts = append(coreOpts, sqlcore.WithClock(o.clock))
+	}
+	if o.deleteOnAck {
+		coreOpts = append(coreOpts, sqlcore.WithDeleteOnAck())
 	}
 	core, err := sqlcore.New(d, db, coreOpts...)
 	if err != nil {
@@ -529,7 +563,10 @@ func (s *Store) Reroute(ctx context.Context, stream string, ids ...int64) (int, 
 
 // Purge deletes up to limit rows delivered more than olderThan ago and
 // returns how many it deleted. A purged key may be enqueued again: the
-// idempotency window is the retention horizon.
+// idempotency window is the retention horizon. With WithDeleteOnAck it
+// also deletes, within the same limit and after those rows, events created
+// more than olderThan ago that no delivery row points at (acknowledged or
+// discarded ones), and counts them in the result.
 func (s *Store) Purge(ctx context.Context, olderThan time.Duration, limit int) (int64, error) {
 	n, err := s.core.Purge(ctx, olderThan, limit)
 	if err != nil {

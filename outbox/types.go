@@ -112,7 +112,9 @@ func (e Event) MarshalJSON() ([]byte, error) { return sqlcore.Event(e).MarshalJS
 // Enqueued is the result of an idempotent enqueue.
 type Enqueued struct {
 	// ID is the event's row id: the lowest one when the event fanned out
-	// to several consumer groups (one row each).
+	// to several consumer groups (one row each). For a known event whose
+	// rows are all gone (acknowledged under WithDeleteOnAck, or
+	// discarded, before Purge deleted the event) it is 0.
 	ID int64
 	// Inserted is true when this call recorded the event, false when an
 	// event with the same key and the same content was already there.

@@ -99,12 +99,15 @@ type env struct {
 	db    *testdb.Database
 	s     *outbox.Store
 	clock *fakeClock // nil when the database clock is used
+	// deleteOnAck: the store deletes acknowledged rows (WithDeleteOnAck),
+	// so expectRow takes a delivered row to be one that is gone.
+	deleteOnAck bool
 }
 
-func newEnv(t *testing.T, dialect string, injectClock bool) *env {
+func newEnv(t *testing.T, dialect string, injectClock bool, extra ...outbox.Option) *env {
 	db := testdb.New(t, dialect)
 	e := &env{t: t, ctx: context.Background(), db: db}
-	opts := []outbox.Option{outbox.WithoutListen()}
+	opts := append([]outbox.Option{outbox.WithoutListen()}, extra...)
 	if injectClock {
 		e.clock = &fakeClock{now: time.Date(2031, 3, 14, 15, 9, 26, 535_000_000, time.UTC)}
 		opts = append(opts, outbox.WithClock(e.clock.Now))
@@ -169,6 +172,12 @@ func (e *env) row(id int64) rowState {
 // expectRow asserts status and attempts with db.Count.
 func (e *env) expectRow(id int64, status string, attempts int) {
 	e.t.Helper()
+	if status == outbox.StatusDelivered && e.deleteOnAck {
+		if n := e.count("SELECT COUNT(*) FROM millpond_deliveries WHERE id = ?", id); n != 0 {
+			e.t.Fatalf("row %d: want it deleted on acknowledgement, got %+v", id, e.row(id))
+		}
+		return
+	}
 	if n := e.count("SELECT COUNT(*) FROM millpond_outbox WHERE id = ? AND status = ? AND attempts = ?", id, status, attempts); n != 1 {
 		e.t.Fatalf("row %d: want status %s attempts %d, got %+v", id, status, attempts, e.row(id))
 	}

@@ -25,11 +25,13 @@ import (
 //     delivered again to the same group.
 //   - RestartServiceCommand empty: restarting the shared database would break
 //     the other suites running in parallel; the fault tests restart it alone.
-func TestWatermillUniversalPubSub(t *testing.T) {
+func TestWatermillUniversalPubSub(t *testing.T) { testWatermillUniversalPubSub(t) }
+
+func testWatermillUniversalPubSub(t *testing.T, opts ...outbox.Option) {
 	for _, dialect := range testdb.Dialects {
 		t.Run(dialect, func(t *testing.T) {
 			db := testdb.New(t, dialect)
-			store := db.Store(t)
+			store := db.Store(t, opts...)
 			newPubSub := func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
 				pub, err := outbox.NewAutoCommitPublisher(store)
 				if err != nil {

@@ -317,8 +317,8 @@ func (t target) fail(what string, err error) error {
 
 // open connects to the database named by -db or the environment. It never
 // starts LISTEN: a short-lived command has nothing to wake.
-func open(e *env, local string) (*outbox.Store, target, error) {
-	return openWith(e, local, outbox.WithoutListen())
+func open(e *env, local string, opts ...outbox.Option) (*outbox.Store, target, error) {
+	return openWith(e, local, append([]outbox.Option{outbox.WithoutListen()}, opts...)...)
 }
 
 // openWith is open with the given store options (a long-running command
@@ -399,8 +399,8 @@ func cmdMigrate(e *env, args []string) error {
 // openInstalled is open for commands that need the outbox schema: when it
 // is not installed, it says so and how to install it, instead of letting a
 // statement fail on a missing table.
-func openInstalled(e *env, local string) (*outbox.Store, target, error) {
-	s, db, err := open(e, local)
+func openInstalled(e *env, local string, opts ...outbox.Option) (*outbox.Store, target, error) {
+	s, db, err := open(e, local, opts...)
 	if err != nil {
 		return nil, db, err
 	}
@@ -724,9 +724,10 @@ func parseIDs(cmd string, pos []string) ([]int64, error) {
 }
 
 func cmdPurge(e *env, args []string) error {
-	fs := newFlagSet(e, "purge", "Usage: millpond purge -older-than D [-limit N] [-db URL]\n\nDelete events delivered more than D ago (e.g. 168h). Their keys may then be enqueued again.\n")
+	fs := newFlagSet(e, "purge", "Usage: millpond purge -older-than D [-limit N] [-delete-on-ack] [-db URL]\n\nDelete events delivered more than D ago (e.g. 168h). Their keys may then be enqueued again.\nWith -delete-on-ack (stores that delete acknowledged rows), also delete events enqueued more than D ago that no delivery row points at.\n")
 	olderThan := fs.Duration("older-than", 0, "retention horizon, e.g. 168h (required)")
 	limit := fs.Int64("limit", 0, "most rows to delete (0: all that qualify)")
+	deleteOnAck := fs.Bool("delete-on-ack", false, "for stores run with outbox.WithDeleteOnAck: also delete events enqueued more than D ago that no delivery row points at (counted with the rows)")
 	dbFlag := addDBFlag(fs)
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -742,7 +743,11 @@ func cmdPurge(e *env, args []string) error {
 	case *limit < 0:
 		return usagef("purge: -limit must not be negative")
 	}
-	s, db, err := openInstalled(e, *dbFlag)
+	var opts []outbox.Option
+	if *deleteOnAck {
+		opts = append(opts, outbox.WithDeleteOnAck())
+	}
+	s, db, err := openInstalled(e, *dbFlag, opts...)
 	if err != nil {
 		return err
 	}

@@ -79,13 +79,15 @@ SELECT id, 's', '', 'delivered', true, 0, 1 FROM ev ORDER BY id`,
 		t.Fatal(err)
 	}
 	rows.Close()
+	del := buildStatements(Postgres, true) // the acknowledgements that delete (WithDeleteOnAck)
 	vals := map[string]any{"ids": ids, "keys": keys, "now": nil, "lease": micros(time.Minute),
 		"stream": "s", "group": "", "worker": "w", "limit": 1000, "max": 10, "secret": newClaimKey()}
 	for _, mode := range []string{"auto", "force_generic_plan"} {
 		if _, err := conn.ExecContext(ctx, "SET plan_cache_mode = "+mode); err != nil {
 			t.Fatal(err)
 		}
-		for name, q := range map[string]query{"ack": c.stmts.ack, "ackNext": c.stmts.ackNext, "ackOrdered": c.stmts.ackOrdered, "extend": c.stmts.extend, "release": c.stmts.release} {
+		for name, q := range map[string]query{"ack": c.stmts.ack, "ackNext": c.stmts.ackNext, "ackOrdered": c.stmts.ackOrdered, "extend": c.stmts.extend, "release": c.stmts.release,
+			"ack (deleteOnAck)": del.ack, "ackNext (deleteOnAck)": del.ackNext, "ackOrdered (deleteOnAck)": del.ackOrdered} {
 			text := explain(t, conn, q.text, q.args(vals))
 			if strings.Contains(text, "Seq Scan on millpond_deliveries") || strings.Contains(text, "Join Filter: ((o.id = r.id)") {
 				t.Errorf("%s (plan_cache_mode %s) does not look the receipts up by id:\n%s", name, mode, text)
@@ -103,7 +105,8 @@ SELECT id, 's', '', 'delivered', true, 0, 1 FROM ev ORDER BY id`,
 		if _, err := conn.ExecContext(ctx, "SET plan_cache_mode = "+mode); err != nil {
 			t.Fatal(err)
 		}
-		for name, q := range map[string]query{"ack": c.stmts.ack, "ackNext": c.stmts.ackNext, "ackOrdered": c.stmts.ackOrdered, "release": c.stmts.release} {
+		for name, q := range map[string]query{"ack": c.stmts.ack, "ackNext": c.stmts.ackNext, "ackOrdered": c.stmts.ackOrdered, "release": c.stmts.release,
+			"ack (deleteOnAck)": del.ack, "ackNext (deleteOnAck)": del.ackNext, "ackOrdered (deleteOnAck)": del.ackOrdered} {
 			text := explain(t, conn, q.text, q.args(vals))
 			if strings.Contains(text, "Seq Scan on millpond_ordering") {
 				t.Errorf("%s (plan_cache_mode %s) reads every key row of 100,000:\n%s", name, mode, text)

@@ -26,6 +26,8 @@ type Core struct {
 	// onConflict sees every conflict (deadlock, serialization failure,
 	// SQLite busy) that the core retries.
 	onConflict func(what string, err error, wait time.Duration)
+	// deleteOnAck: acknowledgements delete delivery rows (WithDeleteOnAck).
+	deleteOnAck bool
 }
 
 // Option configures a Core.
@@ -45,6 +47,16 @@ func WithConflictObserver(f func(what string, err error, wait time.Duration)) Op
 	return func(c *Core) { c.onConflict = f }
 }
 
+// WithDeleteOnAck makes every acknowledgement delete the delivery rows it
+// settles instead of marking them delivered. Event rows stay, as the
+// idempotency keys, until Purge deletes those older than its horizon that
+// no delivery row points at; deleting delivery rows otherwise (discarding
+// dead letters, retiring a group, rerouting) leaves their events to Purge
+// too.
+func WithDeleteOnAck() Option {
+	return func(c *Core) { c.deleteOnAck = true }
+}
+
 // New returns a Core for the dialect over db.
 func New(d Dialect, db DB, opts ...Option) (*Core, error) {
 	if !d.Valid() {
@@ -53,10 +65,11 @@ func New(d Dialect, db DB, opts ...Option) (*Core, error) {
 	if db == nil {
 		return nil, errors.New("sqlcore: nil database")
 	}
-	c := &Core{dialect: d, db: db, stmts: newStatements(d)}
+	c := &Core{dialect: d, db: db}
 	for _, opt := range opts {
 		opt(c)
 	}
+	c.stmts = buildStatements(d, c.deleteOnAck)
 	return c, nil
 }
 
@@ -296,33 +309,36 @@ func (c *Core) existing(ctx context.Context, tx Executor, ev Event, hash []byte)
 	if c.dialect == MySQL {
 		q = c.stmts.existingLocked
 	}
-	res, err := c.lookup(ctx, tx, q, ev, hash)
-	if err == nil && res.ID == 0 {
+	res, found, err := c.lookup(ctx, tx, q, ev, hash)
+	if err == nil && !found {
 		err = errors.New("event was neither inserted nor found")
 	}
+	// An event whose delivery rows are all gone (acknowledged under
+	// deleteOnAck, or discarded) is still known until Purge: ID 0.
 	return res, err
 }
 
-// lookup runs q, which selects the id and content hash of the event's
-// row, and compares the content. No row gives a zero Enqueued.
-func (c *Core) lookup(ctx context.Context, tx Executor, q query, ev Event, hash []byte) (Enqueued, error) {
+// lookup runs q, which selects the id (0 when the event has no delivery
+// row) and content hash of the event, and compares the content. No event
+// gives a zero Enqueued and found false.
+func (c *Core) lookup(ctx context.Context, tx Executor, q query, ev Event, hash []byte) (_ Enqueued, found bool, _ error) {
 	rows, err := tx.QueryContext(ctx, q.text, q.args(map[string]any{"stream": ev.Stream, "key": ev.Key})...)
 	if err != nil {
-		return Enqueued{}, err
+		return Enqueued{}, false, err
 	}
 	defer rows.Close()
 	if !rows.Next() {
-		return Enqueued{}, rowsErr(rows)
+		return Enqueued{}, false, rowsErr(rows)
 	}
 	var id int64
 	var stored []byte
 	if err := rows.Scan(&id, &stored); err != nil {
-		return Enqueued{}, err
+		return Enqueued{}, true, err
 	}
 	if !bytes.Equal(stored, hash) {
-		return Enqueued{}, ErrIdempotencyConflict // the caller names the operation
+		return Enqueued{}, true, ErrIdempotencyConflict // the caller names the operation
 	}
-	return Enqueued{ID: id, Inserted: false}, nil
+	return Enqueued{ID: id, Inserted: false}, true, nil
 }
 
 // newClaimKey returns 128 random bits in lowercase hex.
@@ -705,8 +721,8 @@ func staleOf(rs []Receipt, settled map[int64]bool) []Receipt {
 	return stale
 }
 
-// ack marks delivered the receipts that still own their events under a
-// live lease and returns their ids. On MySQL ex must be a transaction: it
+// ack marks delivered (deleteOnAck: deletes) the rows of the receipts that
+// still own their events under a live lease and returns their ids. On MySQL ex must be a transaction: it
 // locks the rows the receipts still own, then marks exactly those (MySQL
 // has no RETURNING, and telling afterwards which rows one UPDATE changed is
 // ambiguous: a row acknowledged earlier at the same instant looks the same).
@@ -1164,7 +1180,9 @@ func (c *Core) queryString(ctx context.Context, ex Executor, q query, vals map[s
 }
 
 // Purge deletes up to limit delivered rows delivered more than olderThan
-// ago, oldest first, and returns how many it deleted. Purged keys may be
+// ago, oldest first, and returns how many it deleted; with deleteOnAck
+// then, within the limit, events created before the horizon that no
+// delivery row points at (counted too). Purged keys may be
 // enqueued again: the idempotency window is the retention horizon.
 func (c *Core) Purge(ctx context.Context, olderThan time.Duration, limit int) (int64, error) {
 	if olderThan < 0 {
@@ -1184,15 +1202,42 @@ func (c *Core) Purge(ctx context.Context, olderThan time.Duration, limit int) (i
 		opts = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 	}
 	err := c.inTxRetry(ctx, "purge", opts, func(tx Tx) error {
+		n = 0
 		ids, err := c.queryIDs(ctx, tx, c.stmts.purgeSelect.text, c.stmts.purgeSelect.args(vals))
-		if err != nil || len(ids) == 0 {
-			n = 0
+		if err != nil {
 			return err
 		}
-		n, err = c.deleteDeliveries(ctx, tx, slices.Sorted(maps.Keys(ids)))
+		if len(ids) > 0 {
+			if n, err = c.deleteDeliveries(ctx, tx, slices.Sorted(maps.Keys(ids))); err != nil {
+				return err
+			}
+		}
+		if !c.deleteOnAck || n >= int64(limit) {
+			return nil
+		}
+		// Then, up to the limit, the events older than the horizon that
+		// no delivery row points at (with deleteOnAck, acknowledged events
+		// and those whose rows were discarded).
+		m, err := c.purgeEvents(ctx, tx, map[string]any{"horizon": vals["horizon"], "limit": limit - int(n), "now": vals["now"]})
+		n += m
 		return err
 	})
 	return n, err
+}
+
+// purgeEvents (deleteOnAck) deletes up to vals["limit"] events created
+// before the horizon that no delivery row points at, and returns how many.
+func (c *Core) purgeEvents(ctx context.Context, tx Executor, vals map[string]any) (int64, error) {
+	ids, err := c.queryIDs(ctx, tx, c.stmts.purgeEvents.text, c.stmts.purgeEvents.args(vals))
+	if err != nil || len(ids) == 0 {
+		return 0, err
+	}
+	text, args := c.withIDs(c.stmts.dropOrphans, map[string]any{}, slices.Sorted(maps.Keys(ids)))
+	res, err := tx.ExecContext(ctx, text, args...)
+	if err != nil {
+		return 0, fmt.Errorf("delete events without rows: %w", err)
+	}
+	return res.RowsAffected()
 }
 
 // Stats counts undelivered rows per stream and consumer group.

@@ -11,7 +11,9 @@ import (
 // content hash, creation time) is stored once, in millpond_events, and each
 // consumer group's delivery state in a row of millpond_deliveries that
 // points at it (event_id). Events are written once and never updated; an
-// event is deleted with the last delivery row that points at it.
+// event is deleted with the last delivery row that points at it, or, with
+// WithDeleteOnAck (acknowledgements delete rows), by Purge once it is older
+// than the horizon and no delivery row points at it.
 
 // eventContent is the content of one event, as a claim returns it.
 type eventContent struct {
@@ -59,6 +61,15 @@ func (c *Core) deleteDeliveries(ctx context.Context, tx Executor, ids []int64) (
 		return 0, nil
 	}
 	ids = slices.Sorted(slices.Values(ids))
+	if c.deleteOnAck {
+		// Events outlive their rows until Purge (see WithDeleteOnAck).
+		text, args := c.withIDs(c.stmts.deleteDeliveries, map[string]any{}, ids)
+		res, err := tx.ExecContext(ctx, text, args...)
+		if err != nil {
+			return 0, err
+		}
+		return res.RowsAffected()
+	}
 	text, args := c.withIDs(c.stmts.eventsOf, map[string]any{}, ids)
 	events, err := c.queryIDs(ctx, tx, text, args)
 	if err != nil {

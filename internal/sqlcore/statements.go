@@ -79,6 +79,11 @@ type statements struct {
 	requeueRejoined      query
 	deadOrdering         query // reroute: the ordering key of a dead default-group row
 
+	// deleteOnAck: acknowledgements delete rows (see WithDeleteOnAck);
+	// purgeEvents then picks old events without delivery rows.
+	deleteOnAck bool
+	purgeEvents query
+
 	migrationsDDL string
 	appliedSQL    string
 	recordSQL     string
@@ -259,9 +264,32 @@ func deadAt(prefix, hold string) string {
 	return "(" + prefix + "attempts >= @max AND (" + hold + " OR " + prefix + "ordering_key = ''))"
 }
 
-func newStatements(d Dialect) *statements {
-	s := &statements{}
+func newStatements(d Dialect) *statements { return buildStatements(d, false) }
+
+// settling is how an acknowledgement settles a delivery row: the head of
+// the statement that names the rows (its WHERE, and RETURNING, follow),
+// with the alias o (pg) or none (plain). Acknowledged rows are kept,
+// marked delivered, or with deleteOnAck deleted. The acknowledgements are
+// written once with this head, so the two forms cannot drift apart.
+type settling struct{ pg, plain string }
+
+func settlingFor(deleteOnAck bool) settling {
+	if deleteOnAck {
+		return settling{pg: "DELETE FROM millpond_deliveries o", plain: "DELETE FROM millpond_deliveries"}
+	}
+	return settling{
+		pg:    "UPDATE millpond_deliveries o SET status = 'delivered', settled = true, delivered_at = @now",
+		plain: "UPDATE millpond_deliveries SET status = 'delivered', delivered_at = @now",
+	}
+}
+
+// buildStatements compiles the dialect's statements; with deleteOnAck the
+// acknowledgements delete the rows they settle (see WithDeleteOnAck), and
+// Purge also deletes old events that no delivery row points at.
+func buildStatements(d Dialect, deleteOnAck bool) *statements {
+	s := &statements{deleteOnAck: deleteOnAck}
 	c := d.compile
+	settle := settlingFor(deleteOnAck)
 	s.now = c("SELECT @now")
 	// It also names the due rows whose lease expired (the others read as
 	// 0), among those the claim takes, so the claim can mark them Reclaimed.
@@ -476,7 +504,7 @@ FROM claimed c JOIN millpond_events e ON e.id = c.event_id WHERE c.status = 'pro
     FOR UPDATE OF o
   ) AS l
 ), ` + ackKeysPG + `, acked AS (
-  UPDATE millpond_deliveries o SET status = 'delivered', settled = true, delivered_at = @now
+  ` + settle.pg + `
   WHERE o.id = ANY(ARRAY(SELECT live.id FROM live
     WHERE NOT EXISTS (SELECT 1 FROM kl WHERE NOT kl.fresh AND kl.stream = live.stream AND kl.consumer_group = live.consumer_group AND kl.ordering_key = live.ordering_key)))
   RETURNING o.id
@@ -508,7 +536,7 @@ SELECT false, 0, '', '', '', '', NULL, '', 0, '', 0, 0, '', 0, COALESCE((SELECT 
 		// later statement of the same transaction.
 		s.ackOrdered = c(fmt.Sprintf(liveClaims, " AND o.ordering_key <> ''") + `,
 acked AS (
-  UPDATE millpond_deliveries o SET status = 'delivered', settled = true, delivered_at = @now
+  ` + settle.pg + `
   WHERE o.id = ANY(ARRAY(SELECT id FROM live)) AND o.ordering_key <> ''
   RETURNING o.id, o.stream, o.consumer_group, o.ordering_key
 ), src AS (SELECT stream, consumer_group, ordering_key FROM acked)` + releaseCTEs + `
@@ -689,7 +717,7 @@ ORDER BY id`)
 WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})
 ORDER BY id
 FOR UPDATE`)
-		s.ackMark = c(`UPDATE millpond_deliveries SET status = 'delivered', delivered_at = @now WHERE id IN ({ids}) ORDER BY id`)
+		s.ackMark = c(settle.plain + ` WHERE id IN ({ids}) ORDER BY id`)
 		// The acknowledgement's first try (see Core.ackAllMySQL): one
 		// UPDATE of the receipts' rows, in id order, that settles them when
 		// every receipt is live and has no ordering key; the count of
@@ -699,7 +727,7 @@ FOR UPDATE`)
 		// compares a row value (id, claim_key) with an IN list of 1,000
 		// pairs in about 3 µs per row, this string in about 1.5 µs (a
 		// binary string: the comparison ignores collations).
-		s.ackAll = c(`UPDATE millpond_deliveries SET status = 'delivered', delivered_at = @now
+		s.ackAll = c(settle.plain + `
 WHERE status = 'processing' AND available_at > @now AND ordering_key = ''
   AND id IN ({ids}) AND CAST(CONCAT(id, ':', claim_key) AS BINARY) IN ({receipts})
 ORDER BY id`)
@@ -793,10 +821,10 @@ WHERE id IN (
   WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'processing') AND available_at <= @now
   ORDER BY id LIMIT @limit)
 RETURNING ` + claimedColumnsSQLite)
-		s.ack = c(`UPDATE millpond_deliveries SET status = 'delivered', delivered_at = @now
+		s.ack = c(settle.plain + `
 WHERE status = 'processing' AND available_at > @now AND ordering_key = '' AND (id, claim_key) IN ({pairs})
 RETURNING id`)
-		s.ackOrdered = c(`UPDATE millpond_deliveries SET status = 'delivered', delivered_at = @now
+		s.ackOrdered = c(settle.plain + `
 WHERE status = 'processing' AND available_at > @now AND ordering_key <> '' AND (id, claim_key) IN ({pairs})
 RETURNING id, stream, consumer_group, ordering_key`)
 		s.failSkip = c(`UPDATE millpond_deliveries SET
@@ -866,6 +894,26 @@ ORDER BY delivered_at LIMIT @limit`)
 		s.register = c("INSERT INTO millpond_subscriptions (stream, consumer_group, event_kind, created_at) VALUES (@stream, @group, @kind, @now) ON CONFLICT DO NOTHING")
 		s.migrationsDDL = "CREATE TABLE IF NOT EXISTS millpond_schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)"
 		s.recordSQL = "INSERT INTO millpond_schema_migrations (version, name, applied_at) VALUES (?, ?, ?)"
+	}
+	// With deleteOnAck an acknowledged event keeps no delivery row, but
+	// its event row stays (it is the idempotency key) until Purge: the
+	// events created before the horizon that no delivery row points at,
+	// in id order (no index on created_at: the primary key is read from
+	// the lowest id, up to the first event created after the horizon, so
+	// a Purge with nothing to do reads only the events older than the
+	// horizon that still have rows; an event whose clock ran behind a
+	// younger id waits for a later Purge). Deleted by dropOrphans, which
+	// checks again that no row points at them.
+	if deleteOnAck {
+		cast := ""
+		if d == Postgres {
+			cast = "::BIGINT"
+		}
+		s.purgeEvents = c(`SELECT e.id FROM millpond_events e
+WHERE e.id < COALESCE((SELECT MIN(y.id) FROM millpond_events y WHERE y.created_at >= @now - @horizon` + cast + `), 9223372036854775807)
+  AND e.created_at < @now - @horizon` + cast + `
+  AND NOT EXISTS (SELECT 1 FROM millpond_deliveries d WHERE d.event_id = e.id)
+ORDER BY e.id LIMIT @limit`)
 	}
 	s.lifecycle = newLifecycleStatements(d)
 	return s
