@@ -11,9 +11,6 @@ import (
 	"github.com/millpond/millpond/internal/sqlcore"
 	"github.com/millpond/millpond/internal/testdb"
 	"github.com/millpond/millpond/outbox"
-	mysqlstore "github.com/millpond/millpond/outbox/mysql"
-	"github.com/millpond/millpond/outbox/postgres"
-	"github.com/millpond/millpond/outbox/sqlite"
 )
 
 // A new version started against a database its migrations have not
@@ -27,20 +24,7 @@ func TestSchemaCheck(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			db := testdb.New(t, dialect)
-			var s *outbox.Store
-			var err error
-			switch dialect {
-			case "postgres":
-				s, err = postgres.New(db.Pool, outbox.WithoutListen())
-			case "mysql":
-				s, err = mysqlstore.New(db.SQL)
-			default:
-				s, err = sqlite.New(db.SQL)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
+			s := unmigratedStore(t, db)
 			subscribe := func() error {
 				sub, err := outbox.NewSubscriber(s, outbox.SubscriberConfig{})
 				if err != nil {
