@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -335,31 +334,12 @@ func TestDeleteOnAckSubscriberExactlyOnce(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var mu sync.Mutex
-			deliveries := map[string]int{}
-			all := make(chan struct{})
-			var readers sync.WaitGroup
-			for range 8 {
-				readers.Add(1)
-				go func() {
-					defer readers.Done()
-					for msg := range msgs {
-						// 1,000 events (one batch) at 50 ms over 8 handlers
-						// take over 6 s: the batch's leases (3 s, extended
-						// every second) are extended while the handlers ack.
-						time.Sleep(50 * time.Millisecond)
-						mu.Lock()
-						deliveries[msg.UUID]++
-						if len(deliveries) == n && deliveries[msg.UUID] == 1 {
-							close(all)
-						}
-						mu.Unlock()
-						msg.Ack()
-					}
-				}()
-			}
+			// 1,000 events (one batch) at 50 ms over 8 handlers take over
+			// 6 s: the batch's leases (3 s, extended every second) are
+			// extended while the handlers ack.
+			got := countDeliveries(msgs, 8, n, 50*time.Millisecond)
 			select {
-			case <-all:
+			case <-got.all:
 			case <-time.After(90 * time.Second):
 				t.Errorf("not every event was delivered within 90 s")
 			}
@@ -371,13 +351,8 @@ func TestDeleteOnAckSubscriberExactlyOnce(t *testing.T) {
 			if err := sub.Close(); err != nil {
 				t.Fatal(err)
 			}
-			readers.Wait()
-			mu.Lock()
-			defer mu.Unlock()
-			duplicates := 0
-			for _, c := range deliveries {
-				duplicates += c - 1
-			}
+			got.readers.Wait()
+			deliveries, duplicates := got.result()
 			rows := db.Count(t, "SELECT COUNT(*) FROM millpond_deliveries")
 			events := db.Count(t, "SELECT COUNT(*) FROM millpond_events")
 			if duplicates > 0 || len(deliveries) != n || rows != 0 || events != n {

@@ -119,27 +119,9 @@ func TestAcksAndLeaseExtensionsDoNotDeadlock(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var mu sync.Mutex
-			deliveries := map[string]int{}
-			all := make(chan struct{})
-			var readers sync.WaitGroup
-			for range 8 {
-				readers.Add(1)
-				go func() {
-					defer readers.Done()
-					for msg := range msgs {
-						mu.Lock()
-						deliveries[msg.UUID]++
-						if len(deliveries) == n && deliveries[msg.UUID] == 1 {
-							close(all)
-						}
-						mu.Unlock()
-						msg.Ack()
-					}
-				}()
-			}
+			got := countDeliveries(msgs, 8, n, 0)
 			select {
-			case <-all:
+			case <-got.all:
 			case <-time.After(90 * time.Second):
 				t.Errorf("not every event was delivered within 90 s")
 			}
@@ -154,14 +136,8 @@ func TestAcksAndLeaseExtensionsDoNotDeadlock(t *testing.T) {
 			if err := sub.Close(); err != nil {
 				t.Fatal(err)
 			}
-			readers.Wait()
-
-			mu.Lock()
-			defer mu.Unlock()
-			duplicates := 0
-			for _, c := range deliveries {
-				duplicates += c - 1
-			}
+			got.readers.Wait()
+			deliveries, duplicates := got.result()
 			delivered := db.Count(t, "SELECT COUNT(*) FROM millpond_outbox WHERE status = 'delivered'")
 			retried := db.Count(t, "SELECT COUNT(*) FROM millpond_outbox WHERE attempts > 1")
 			deadlocks := logs.matching("deadlock")
@@ -598,4 +574,47 @@ func int64Rows(t *testing.T, db *testdb.Database, query string) [][]int64 {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// deliveryCounter counts the deliveries of a subscription's messages by
+// UUID, read and acknowledged by several goroutines.
+type deliveryCounter struct {
+	mu      sync.Mutex
+	seen    map[string]int
+	all     chan struct{}  // closed when n distinct messages were seen
+	readers sync.WaitGroup // the readers, done when the channel closed
+}
+
+// countDeliveries starts readers goroutines that take msgs, wait pause,
+// count each message and acknowledge it.
+func countDeliveries(msgs <-chan *message.Message, readers, n int, pause time.Duration) *deliveryCounter {
+	c := &deliveryCounter{seen: map[string]int{}, all: make(chan struct{})}
+	for range readers {
+		c.readers.Add(1)
+		go func() {
+			defer c.readers.Done()
+			for msg := range msgs {
+				time.Sleep(pause)
+				c.mu.Lock()
+				c.seen[msg.UUID]++
+				if len(c.seen) == n && c.seen[msg.UUID] == 1 {
+					close(c.all)
+				}
+				c.mu.Unlock()
+				msg.Ack()
+			}
+		}()
+	}
+	return c
+}
+
+// result is the deliveries by UUID and how many were repeats.
+func (c *deliveryCounter) result() (map[string]int, int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	duplicates := 0
+	for _, n := range c.seen {
+		duplicates += n - 1
+	}
+	return c.seen, duplicates
 }
