@@ -722,8 +722,8 @@ func staleOf(rs []Receipt, settled map[int64]bool) []Receipt {
 }
 
 // ack marks delivered (deleteOnAck: deletes) the rows of the receipts that
-// still own their events under a live lease and returns their ids. On MySQL ex must be a transaction: it
-// locks the rows the receipts still own, then marks exactly those (MySQL
+// still own their events under a live lease and returns their ids. On
+// MySQL ex must be a transaction: it locks the rows the receipts still own, then marks exactly those (MySQL
 // has no RETURNING, and telling afterwards which rows one UPDATE changed is
 // ambiguous: a row acknowledged earlier at the same instant looks the same).
 func (c *Core) ack(ctx context.Context, ex Executor, rs []Receipt) (map[int64]bool, error) {

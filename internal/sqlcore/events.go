@@ -50,9 +50,9 @@ func (c *Core) eventsByID(ctx context.Context, ex Executor, ids []int64) (map[in
 	return out, rows.Close()
 }
 
-// deleteDeliveries deletes delivery rows by id in tx and, after them, the
-// events no delivery row points at any more; it returns how many delivery
-// rows it deleted. The events are locked (in id order) before they are
+// deleteDeliveries deletes delivery rows by id in tx and, after them (not
+// with deleteOnAck), the events no delivery row points at any more; it
+// returns how many delivery rows it deleted. The events are locked (in id order) before they are
 // checked, so two transactions that delete the last two rows of one event
 // check one after the other, and the second (a new statement, in READ
 // COMMITTED) sees the first's delete: the event is not left behind.
@@ -61,21 +61,15 @@ func (c *Core) deleteDeliveries(ctx context.Context, tx Executor, ids []int64) (
 		return 0, nil
 	}
 	ids = slices.Sorted(slices.Values(ids))
-	if c.deleteOnAck {
-		// Events outlive their rows until Purge (see WithDeleteOnAck).
-		text, args := c.withIDs(c.stmts.deleteDeliveries, map[string]any{}, ids)
-		res, err := tx.ExecContext(ctx, text, args...)
-		if err != nil {
-			return 0, err
+	var events map[int64]bool
+	if !c.deleteOnAck { // with it, events outlive their rows until Purge (see WithDeleteOnAck)
+		text, args := c.withIDs(c.stmts.eventsOf, map[string]any{}, ids)
+		var err error
+		if events, err = c.queryIDs(ctx, tx, text, args); err != nil {
+			return 0, fmt.Errorf("read events of deleted rows: %w", err)
 		}
-		return res.RowsAffected()
 	}
-	text, args := c.withIDs(c.stmts.eventsOf, map[string]any{}, ids)
-	events, err := c.queryIDs(ctx, tx, text, args)
-	if err != nil {
-		return 0, fmt.Errorf("read events of deleted rows: %w", err)
-	}
-	text, args = c.withIDs(c.stmts.deleteDeliveries, map[string]any{}, ids)
+	text, args := c.withIDs(c.stmts.deleteDeliveries, map[string]any{}, ids)
 	res, err := tx.ExecContext(ctx, text, args...)
 	if err != nil {
 		return 0, err

@@ -79,9 +79,7 @@ type statements struct {
 	requeueRejoined      query
 	deadOrdering         query // reroute: the ordering key of a dead default-group row
 
-	// deleteOnAck: acknowledgements delete rows (see WithDeleteOnAck);
-	// purgeEvents then picks old events without delivery rows.
-	deleteOnAck bool
+	// purgeEvents (WithDeleteOnAck) picks old events without delivery rows.
 	purgeEvents query
 
 	migrationsDDL string
@@ -287,7 +285,7 @@ func settlingFor(deleteOnAck bool) settling {
 // acknowledgements delete the rows they settle (see WithDeleteOnAck), and
 // Purge also deletes old events that no delivery row points at.
 func buildStatements(d Dialect, deleteOnAck bool) *statements {
-	s := &statements{deleteOnAck: deleteOnAck}
+	s := &statements{}
 	c := d.compile
 	settle := settlingFor(deleteOnAck)
 	s.now = c("SELECT @now")
