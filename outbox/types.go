@@ -225,6 +225,16 @@ type ClaimRequest struct {
 	// ordering key that the claim dead-letters (their last lease expired);
 	// the zero value is DeadLetterHold.
 	DeadLetterPolicy DeadLetterPolicy
+	// After, when positive, limits the claim to events with a larger id;
+	// 0 (the default) claims from the oldest, negative is ErrInvalidID. A
+	// claimer that holds many claimed events and keeps finding full
+	// batches can pass the largest id of its last claim, so that the next
+	// claim does not step over the events it holds (the relay does; see
+	// docs/architecture.md). Events below the bound that become due (late
+	// commits, retries, expired leases) wait until a claim without it:
+	// such a claimer must drop it now and then. AcknowledgeAndClaimNext
+	// ignores it.
+	After int64
 }
 
 // Validate checks every bound of the request. Claim validates too.

@@ -68,6 +68,7 @@ var conformanceCases = []conformanceCase{
 	{name: "Migrations", run: testMigrations},
 	{name: "MetadataAndBinaryPayloadRoundTrip", run: testRoundTrip},
 	{name: "ClaimOrderAndBatchAcknowledge", run: testClaimOrderAndBatchAck},
+	{name: "ClaimLowerBound", run: testClaimLowerBound},
 	{name: "DelaysHoldEventsBack", run: testDelays},
 	{name: "DatabaseClockLeases", dbClock: true, run: testDatabaseClock},
 	{name: "MultiRowStatementsLockInIDOrder", run: testLockOrder},
@@ -1729,6 +1730,59 @@ func testClaimOrderAndBatchAck(t *testing.T, e *env) {
 	e.expectRow(cs[1].ID, outbox.StatusDelivered, 1)
 	if n := e.count("SELECT COUNT(*) FROM millpond_outbox WHERE stream = 'other' AND status = 'pending'"); n != 1 {
 		t.Fatal("claims on one stream touched another")
+	}
+}
+
+// testClaimLowerBound: a claim with After takes only events with larger
+// ids, oldest first, due ones included whatever their state (pending, an
+// expired lease); the events below it stay for a claim without it. A
+// negative bound is refused; AcknowledgeAndClaimNext ignores the bound.
+func testClaimLowerBound(t *testing.T, e *env) {
+	var ids []int64
+	for i := range 6 {
+		ids = append(ids, e.enqueue(event("s", fmt.Sprintf("k%d", i))).ID)
+	}
+	req := claimReq("s", 2, time.Minute, 3)
+	req.After = ids[1]
+	got := e.claim(req)
+	if len(got) != 2 || got[0].ID != ids[2] || got[1].ID != ids[3] {
+		t.Fatalf("claim after %d: %v", ids[1], got)
+	}
+	// An expired lease above the bound is taken again; the pending events
+	// below it are not.
+	e.clock.Advance(time.Minute)
+	req.Limit = 10
+	got = e.claim(req)
+	if len(got) != 4 || got[0].ID != ids[2] || !got[0].Reclaimed || got[3].ID != ids[5] {
+		t.Fatalf("claim after %d with expired leases: %v", ids[1], got)
+	}
+	req.After = ids[5]
+	e.expectNothingDue(req)
+	req.After = 0
+	got = e.claim(req)
+	if len(got) != 2 || got[0].ID != ids[0] || got[1].ID != ids[1] {
+		t.Fatalf("claim without a bound: %v", got)
+	}
+	req.After = -1
+	if _, err := e.s.Claim(e.ctx, req); !errors.Is(err, outbox.ErrInvalidID) {
+		t.Fatalf("negative bound: %v", err)
+	}
+	if err := req.Validate(); !errors.Is(err, outbox.ErrInvalidID) {
+		t.Fatalf("negative bound, Validate: %v", err)
+	}
+	// Handing over ignores the bound: the next event of the key is below it.
+	first := event("o", "o1")
+	first.OrderingKey = "order-1"
+	second := event("o", "o2")
+	second.OrderingKey = "order-1"
+	e.enqueue(first)
+	next := e.enqueue(second)
+	oreq := claimReq("o", 10, time.Minute, 3)
+	head := e.claimOne(oreq)
+	oreq.After = next.ID + 1000
+	handed, stale, err := e.s.AcknowledgeAndClaimNext(e.ctx, []outbox.Receipt{head.Receipt()}, oreq)
+	if err != nil || len(stale) != 0 || len(handed) != 1 || handed[0].ID != next.ID {
+		t.Fatalf("hand over under a bound: %v, stale %v, %v", handed, stale, err)
 	}
 }
 

@@ -41,7 +41,7 @@ SELECT id, 's', '', 'delivered', true, 0, 1 FROM ev ORDER BY id`,
 	// truncated table, until autovacuum analyzes it), does not join its
 	// claimed rows with its due rows.
 	claimVals := map[string]any{"stream": "s", "group": "", "worker": "w", "limit": 1000, "max": 10,
-		"lease": micros(time.Minute), "now": nil, "hold": true, "key_bytes": claimKeyBytes(1000)}
+		"lease": micros(time.Minute), "now": nil, "hold": true, "after": int64(0), "key_bytes": claimKeyBytes(1000)}
 	for _, mode := range []string{"auto", "force_generic_plan"} {
 		if _, err := conn.ExecContext(ctx, "SET plan_cache_mode = "+mode); err != nil {
 			t.Fatal(err)

@@ -42,7 +42,7 @@ SELECT id, 's', '', IF(id = 1, 'processing', 'blocked'), IF(id = 1, 900000000000
 	}
 	defer conn.Close()
 	q := c.stmts.claimDue
-	read, counts := handlerReads(ctx, t, conn, q.text, q.args(map[string]any{"stream": "s", "group": "", "limit": 100, "now": time.Now().UnixMicro()}))
+	read, counts := handlerReads(ctx, t, conn, q.text, q.args(map[string]any{"stream": "s", "group": "", "limit": 100, "now": time.Now().UnixMicro(), "after": int64(0)}))
 	t.Logf("claim's due read with %d blocked rows: %s", blocked, counts)
 	if read > 100 {
 		t.Fatalf("the claim's due read reads %d rows with %d blocked rows behind one head", read, blocked)
@@ -91,7 +91,7 @@ SELECT id, 's', IF(id > 8100, 'other', ''),
 	}
 	defer conn.Close()
 	q := c.stmts.claimDue
-	args := q.args(map[string]any{"stream": "s", "group": "", "limit": 100, "now": int64(1000)})
+	args := q.args(map[string]any{"stream": "s", "group": "", "limit": 100, "now": int64(1000), "after": int64(0)})
 	read, counts := handlerReads(ctx, t, conn, q.text, args)
 	t.Logf("claim's due read of 100 due rows below 1,000 in flight: %s", counts)
 	// Each row counts about twice (its index entry, then the row).

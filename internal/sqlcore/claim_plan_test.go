@@ -31,7 +31,7 @@ func TestPostgresClaimDoesNotScanTheTable(t *testing.T) {
 		q := c.stmts.claim
 		text := explain(t, db, q.text, q.args(map[string]any{
 			"stream": "s", "group": "", "worker": "w", "limit": limit, "max": 10,
-			"lease": micros(time.Minute), "now": nil, "hold": true, "key_bytes": claimKeyBytes(limit),
+			"lease": micros(time.Minute), "now": nil, "hold": true, "after": int64(0), "key_bytes": claimKeyBytes(limit),
 		}))
 		if strings.Contains(text, "Seq Scan on millpond_deliveries") {
 			t.Errorf("a claim of %d scans the whole table:\n%s", limit, text)
@@ -169,7 +169,7 @@ func TestPostgresClaimReturnsOldestFirst(t *testing.T) {
 	q := c.stmts.claim
 	rows, err := tx.QueryContext(ctx, q.text, q.args(map[string]any{
 		"stream": req.Stream, "group": req.Group, "worker": req.Worker, "limit": req.Limit, "max": req.MaxAttempts,
-		"lease": micros(req.Lease), "now": nil, "hold": true, "key_bytes": claimKeyBytes(req.Limit),
+		"lease": micros(req.Lease), "now": nil, "hold": true, "after": int64(0), "key_bytes": claimKeyBytes(req.Limit),
 	})...)
 	if err != nil {
 		t.Fatal(err)

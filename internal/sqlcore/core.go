@@ -392,7 +392,7 @@ func (c *Core) Claim(ctx context.Context, req ClaimRequest) ([]Claimed, error) {
 		// the write lock, so idle polls would queue behind (and ahead of)
 		// the application's transactions. Look first with a read.
 		due, err := c.queryIDs(ctx, c.db, c.stmts.anyDue.text, c.stmts.anyDue.args(map[string]any{
-			"stream": req.Stream, "group": req.Group, "now": c.nowArg(), "limit": req.Limit,
+			"stream": req.Stream, "group": req.Group, "now": c.nowArg(), "limit": req.Limit, "after": req.After,
 		}))
 		if err != nil || len(due) == 0 {
 			return nil, err
@@ -403,7 +403,7 @@ func (c *Core) Claim(ctx context.Context, req ClaimRequest) ([]Claimed, error) {
 	vals := map[string]any{
 		"stream": req.Stream, "group": req.Group, "worker": req.Worker, "limit": req.Limit,
 		"max": req.MaxAttempts, "lease": micros(req.Lease), "now": c.nowArg(),
-		"hold": req.DeadLetterPolicy == DeadLetterHold,
+		"hold": req.DeadLetterPolicy == DeadLetterHold, "after": req.After,
 	}
 	if c.dialect == Postgres {
 		vals["key_bytes"] = claimKeyBytes(req.Limit)
@@ -502,7 +502,7 @@ func (c *Core) withContent(ctx context.Context, ex Executor, out []Claimed, even
 // transaction of four round trips (its isolation level, BEGIN, the read,
 // COMMIT).
 func (c *Core) claimMySQL(ctx context.Context, req ClaimRequest) ([]Claimed, error) {
-	vals := map[string]any{"stream": req.Stream, "group": req.Group, "limit": req.Limit, "now": c.nowArg()}
+	vals := map[string]any{"stream": req.Stream, "group": req.Group, "limit": req.Limit, "now": c.nowArg(), "after": req.After}
 	due, err := c.queryIDs(ctx, c.db, c.stmts.claimDue.text, c.stmts.claimDue.args(vals))
 	if err != nil || len(due) == 0 {
 		return nil, err

@@ -292,7 +292,7 @@ func buildStatements(d Dialect, deleteOnAck bool) *statements {
 	// It also names the due rows whose lease expired (the others read as
 	// 0), among those the claim takes, so the claim can mark them Reclaimed.
 	s.anyDue = c(`SELECT CASE WHEN status = 'processing' THEN id ELSE 0 END FROM millpond_deliveries
-WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'processing') AND available_at <= @now
+WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'processing') AND available_at <= @now AND id > @after
 ORDER BY id LIMIT @limit`)
 	// MySQL keeps a row's state in its phase index as a number (see its
 	// migration 0007): 1 pending or processing, 2 blocked, 3 dead_letter,
@@ -457,7 +457,7 @@ n AS (SELECT pg_notify('`+NotifyChannel+`', @stream::TEXT))`, ", n"))
 		// whole table, on every claim, however few rows it took.
 		s.claim = c(`WITH due AS (
   SELECT id, status FROM millpond_deliveries
-  WHERE stream = @stream AND consumer_group = @group AND NOT settled AND available_at <= @now
+  WHERE stream = @stream AND consumer_group = @group AND NOT settled AND available_at <= @now AND id + 0 > @after::BIGINT
   ORDER BY id + 0 LIMIT @limit
   FOR UPDATE SKIP LOCKED
 ), claimed AS (
@@ -695,7 +695,7 @@ ON DUPLICATE KEY UPDATE millpond_deliveries.id = millpond_deliveries.id`)
 		// (stream, consumer_group) prefix and read every row of a blocked
 		// key behind its head.
 		s.claimDue = c(`SELECT id FROM millpond_deliveries FORCE INDEX (millpond_deliveries_phase_idx)
-WHERE stream = @stream AND consumer_group = @group AND phase = 1 AND available_at <= @now
+WHERE stream = @stream AND consumer_group = @group AND phase = 1 AND available_at <= @now AND id > @after
 ORDER BY id LIMIT @limit`)
 		s.claimSelect = c(`SELECT ` + claimRowColumns + `, status, @now FROM millpond_deliveries FORCE INDEX (PRIMARY)
 WHERE status IN ('pending', 'processing') AND available_at <= @now AND id IN ({ids})
@@ -816,7 +816,7 @@ RETURNING id`)
   available_at = @now + @lease
 WHERE id IN (
   SELECT id FROM millpond_deliveries
-  WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'processing') AND available_at <= @now
+  WHERE stream = @stream AND consumer_group = @group AND status IN ('pending', 'processing') AND available_at <= @now AND id > @after
   ORDER BY id LIMIT @limit)
 RETURNING ` + claimedColumnsSQLite)
 		s.ack = c(settle.plain + `

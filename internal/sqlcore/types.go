@@ -240,10 +240,16 @@ type ClaimRequest struct {
 	// DeadLetterPolicy applies to events with an ordering key that the
 	// claim dead-letters (their last lease expired).
 	DeadLetterPolicy DeadLetterPolicy
+	// After, when positive, limits the claim to events with a larger id
+	// (0 claims from the oldest). AcknowledgeAndClaimNext ignores it.
+	After int64
 }
 
 // Validate checks every bound of the request.
 func (r ClaimRequest) Validate() error {
+	if r.After < 0 {
+		return fmt.Errorf("claim lower bound %d is negative: %w", r.After, ErrInvalidID)
+	}
 	if err := ValidateKey("stream", r.Stream); err != nil {
 		return err
 	}
