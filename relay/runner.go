@@ -364,6 +364,9 @@ type pipeline struct {
 	// rather than after a claim of a whole batch; an empty claim resets it.
 	ramp atomic.Int64
 
+	// bound is the claims' lower bound over a backlog (see claimBound).
+	bound claimBound
+
 	mu   sync.Mutex
 	held map[int64]outbox.Receipt // claimed, unsettled (for lease extension)
 }
@@ -503,7 +506,8 @@ func emptyClaimWait(prev, took, pollInterval time.Duration) time.Duration {
 // PollInterval, but at least three times what a slow empty claim took: see
 // emptyClaimWait), so events of transactions that commit just after a
 // wake-up are found at once. The others claim only while claims come back
-// full.
+// full. Over a backlog, claims start above the events the last full claims
+// took (see claimBound).
 func (p *pipeline) claimLoop(lead bool) {
 	var wake <-chan struct{}
 	if lead {
@@ -529,12 +533,20 @@ func (p *pipeline) claimLoop(lead bool) {
 		limit := int(p.ramp.Load())
 		ctx, cancel := p.opCtx()
 		began := time.Now()
+		after, gen := p.bound.next(began)
 		claimed, err := p.r.store.Claim(ctx, outbox.ClaimRequest{
 			Stream: p.stream, Group: p.r.cfg.Group, Worker: p.r.cfg.Worker, Limit: limit, Lease: p.r.cfg.Lease,
-			MaxAttempts: p.r.cfg.MaxAttempts, DeadLetterPolicy: p.r.cfg.DeadLetterPolicy,
+			MaxAttempts: p.r.cfg.MaxAttempts, DeadLetterPolicy: p.r.cfg.DeadLetterPolicy, After: after,
 		})
 		took := time.Since(began)
 		cancel()
+		if err == nil {
+			var largest int64
+			if len(claimed) > 0 {
+				largest = claimed[len(claimed)-1].ID // oldest first
+			}
+			p.bound.claimed(began, after, gen, len(claimed), limit, largest)
+		}
 		if err != nil {
 			if !lead {
 				continue // the lead retries with backoff
@@ -555,10 +567,11 @@ func (p *pipeline) claimLoop(lead bool) {
 		switch {
 		case full:
 			p.growRamp(limit)
-		case len(claimed) == 0:
+		case len(claimed) == 0 && after == 0:
 			// Caught up: the next backlog starts small again. (A short
 			// claim keeps the ramp: with ordering keys, claims often take
-			// fewer events than they may.)
+			// fewer events than they may; and a short claim above a bound
+			// may have left due events below it.)
 			p.ramp.Store(int64(firstClaim(p.r.cfg)))
 		}
 		if full {
@@ -598,8 +611,10 @@ func (p *pipeline) claimLoop(lead bool) {
 			continue
 		}
 		switch {
-		case full:
-			wait = 0 // more may be due right now
+		case full, after != 0:
+			// More may be due right now (a short claim above a bound:
+			// below it).
+			wait = 0
 		case len(claimed) > 0:
 			wait = quick
 		default:
@@ -772,6 +787,11 @@ func (p *pipeline) ackLoop() {
 		case len(stale) > 0:
 			p.r.cfg.Logger.Info("relay: published events had lost their leases and may be published again (and dropped as duplicates)", "events", len(stale))
 		}
+		if ordered || len(stale) > 0 || err != nil {
+			// The next events of their keys became claimable, or lost
+			// leases make events due again: below the claims' bound.
+			p.bound.drop()
+		}
 		if ordered {
 			// The next events of their keys became claimable.
 			select {
@@ -801,6 +821,14 @@ func (p *pipeline) failLoop() {
 			return err
 		})
 		p.forget(c.Receipt())
+		switch {
+		case err != nil || (out.DeadLettered && c.OrderingKey != ""):
+			// A lost lease makes the event due again; a dead-lettered head
+			// may let the next event of its key go (DeadLetterSkip).
+			p.bound.drop()
+		case !out.DeadLettered:
+			p.bound.retryAt(time.Now().Add(fl.RetryDelay))
+		}
 		switch {
 		case errors.Is(err, outbox.ErrStaleClaim):
 			cfg.Logger.Info("relay: a failed event had lost its lease; it is retried elsewhere")
@@ -872,6 +900,7 @@ func (p *pipeline) forget(rs ...outbox.Receipt) {
 // release hands claimed, unpublished events back at once.
 func (p *pipeline) release(rs ...outbox.Receipt) {
 	defer p.forget(rs...)
+	defer p.bound.drop() // the released events are due below the claims' bound
 	for start := 0; start < len(rs); start += outbox.MaxBatch {
 		chunk := rs[start:min(start+outbox.MaxBatch, len(rs))]
 		ctx, cancel := p.opCtx()
@@ -939,6 +968,7 @@ func (p *pipeline) extendLoop(stop <-chan struct{}) {
 			cancel()
 			if err != nil {
 				p.r.cfg.Logger.Error("relay: could not extend leases", "error", err.Error(), "events", len(chunk))
+				p.bound.drop() // the leases may expire: their events due below the claims' bound
 				continue
 			}
 			// An event settled meanwhile is stale to Extend but not lost.
@@ -951,6 +981,7 @@ func (p *pipeline) extendLoop(stop <-chan struct{}) {
 			p.mu.Unlock()
 		}
 		if lost > 0 {
+			p.bound.drop()
 			p.r.cfg.Logger.Info("relay: some claimed events lost their leases and may be published elsewhere (and dropped as duplicates)", "events", lost)
 		}
 	}

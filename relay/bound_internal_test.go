@@ -1,0 +1,63 @@
+package relay
+
+import (
+	"testing"
+	"time"
+)
+
+// TestClaimBound: full claims set and raise the bound, a short claim drops
+// it, a drop while a claim runs wins over the claim's result, and the bound
+// is dropped maxBoundAge after a claim from the oldest set it and when a
+// failed event's retry comes due.
+func TestClaimBound(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	var b claimBound
+	expect := func(now time.Time, want int64) uint64 {
+		t.Helper()
+		after, gen := b.next(now)
+		if after != want {
+			t.Fatalf("bound %d, want %d", after, want)
+		}
+		return gen
+	}
+	gen := expect(t0, 0)
+	b.claimed(t0, 0, gen, 10, 10, 110)
+	gen = expect(t0.Add(time.Millisecond), 110)
+	b.claimed(t0.Add(time.Millisecond), 110, gen, 10, 10, 130)
+	gen = expect(t0.Add(2*time.Millisecond), 130)
+	// A short claim above the bound drops it.
+	b.claimed(t0.Add(2*time.Millisecond), 130, gen, 3, 10, 140)
+	gen = expect(t0.Add(3*time.Millisecond), 0)
+
+	// A drop while a claim from the oldest runs: the claim sets nothing.
+	b.drop()
+	b.claimed(t0.Add(3*time.Millisecond), 0, gen, 10, 10, 200)
+	gen = expect(t0.Add(4*time.Millisecond), 0)
+
+	// Age: the bound set at t1 lives until t1 + maxBoundAge, raised or not.
+	t1 := t0.Add(time.Second)
+	b.claimed(t1, 0, gen, 10, 10, 300)
+	gen = expect(t1.Add(maxBoundAge/2), 300)
+	b.claimed(t1.Add(maxBoundAge/2), 300, gen, 10, 10, 320)
+	expect(t1.Add(maxBoundAge-time.Microsecond), 320)
+	gen = expect(t1.Add(maxBoundAge), 0)
+
+	// A retry due at t3 drops the bound at the first claim from t3 on.
+	t2 := t1.Add(time.Second)
+	b.claimed(t2, 0, gen, 10, 10, 400)
+	t3 := t2.Add(maxBoundAge / 2)
+	b.retryAt(t3)
+	expect(t3.Add(-time.Microsecond), 400)
+	gen = expect(t3, 0)
+	b.claimed(t3, 0, gen, 10, 10, 410)
+	expect(t3.Add(time.Millisecond), 410) // the retry is forgotten once due
+
+	// Past maxBoundRetries remembered retries, a failure drops the bound.
+	for i := range maxBoundRetries {
+		b.retryAt(t3.Add(time.Hour + time.Duration(i)))
+	}
+	gen = expect(t3.Add(2*time.Millisecond), 410)
+	b.retryAt(t3.Add(time.Hour))
+	expect(t3.Add(3*time.Millisecond), 0)
+	_ = gen
+}
