@@ -232,17 +232,34 @@ func (c *Core) Enqueue(ctx context.Context, tx Executor, ev Event, notify bool) 
 		vals["eid"] = eid
 		args = stmt.args(vals)
 	}
-	if c.dialect == MySQL {
+	switch c.dialect {
+	case MySQL:
 		res, err := tx.ExecContext(ctx, stmt.text, args...)
 		if err != nil {
 			return Enqueued{}, err
 		}
-		if n, _ := res.RowsAffected(); n > 0 {
-			if id, ok := lastInsertID(res); ok {
-				return Enqueued{ID: id, Inserted: true}, nil
+		if n, err := res.RowsAffected(); err == nil && n > 0 {
+			id, err := insertedID(ctx, c.dialect, tx, res) // the first row's
+			if err != nil {
+				return Enqueued{}, err
 			}
+			return Enqueued{ID: id, Inserted: true}, nil
 		}
-	} else {
+	case SQLite:
+		// The rows take consecutive ids: the first is the last rowid
+		// minus the rows inserted, plus one (see the statement).
+		res, err := tx.ExecContext(ctx, stmt.text, args...)
+		if err != nil {
+			return Enqueued{}, err
+		}
+		if n, err := res.RowsAffected(); err == nil && n > 0 {
+			last, err := insertedID(ctx, c.dialect, tx, res)
+			if err != nil {
+				return Enqueued{}, err
+			}
+			return Enqueued{ID: last - n + 1, Inserted: true}, nil
+		}
+	default:
 		rows, err := tx.QueryContext(ctx, stmt.text, args...)
 		if err != nil {
 			return Enqueued{}, err
@@ -279,21 +296,17 @@ func (c *Core) insertEvent(ctx context.Context, tx Executor, vals map[string]any
 
 // insertID runs an insert that does nothing on a conflict and returns the
 // new row's id, or 0 when nothing was inserted: the insert's RETURNING id
-// (PostgreSQL, SQLite) or MySQL's last insert id.
+// (PostgreSQL), MySQL's last insert id or SQLite's last rowid.
 func (c *Core) insertID(ctx context.Context, tx Executor, q query, vals map[string]any) (int64, error) {
-	if c.dialect == MySQL {
+	if c.dialect != Postgres {
 		res, err := tx.ExecContext(ctx, q.text, q.args(vals)...)
 		if err != nil {
 			return 0, err
 		}
-		if n, _ := res.RowsAffected(); n != 1 {
-			return 0, nil
+		if n, err := res.RowsAffected(); err != nil || n != 1 {
+			return 0, err
 		}
-		id, ok := lastInsertID(res)
-		if !ok {
-			return 0, errors.New("insert reported no id")
-		}
-		return id, nil
+		return insertedID(ctx, c.dialect, tx, res)
 	}
 	var id int64
 	err := c.queryRow(ctx, tx, q, vals, &id)

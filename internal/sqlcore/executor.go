@@ -53,7 +53,42 @@ func rowsErr(rows Rows) error {
 	return nil
 }
 
-// lastInsertID returns the first id a MySQL insert generated.
+// insertedID returns the id of a row the insert just run on ex generated:
+// the result's LastInsertId (MySQL: the first row's, SQLite: the last
+// row's) or, when the caller's executor does not report it (watermill-sql's
+// Result promises RowsAffected only), the same value read on the same
+// connection: LAST_INSERT_ID() or last_insert_rowid().
+func insertedID(ctx context.Context, d Dialect, ex Executor, res Result) (int64, error) {
+	if id, ok := lastInsertID(res); ok {
+		return id, nil
+	}
+	q := "SELECT LAST_INSERT_ID()"
+	if d == SQLite {
+		q = "SELECT last_insert_rowid()"
+	}
+	rows, err := ex.QueryContext(ctx, q)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	var id int64
+	if !rows.Next() {
+		if err := rowsErr(rows); err != nil {
+			return 0, err
+		}
+		return 0, errors.New("insert reported no id")
+	}
+	if err := rows.Scan(&id); err != nil {
+		return 0, err
+	}
+	if id <= 0 {
+		return 0, errors.New("insert reported no id")
+	}
+	return id, rows.Close()
+}
+
+// lastInsertID returns the id a result reports: MySQL's first id of the
+// insert, SQLite's last rowid.
 func lastInsertID(res Result) (int64, bool) {
 	r, ok := res.(interface{ LastInsertId() (int64, error) })
 	if !ok {

@@ -800,12 +800,16 @@ ORDER BY id`)
 		s.recordSQL = "INSERT INTO millpond_schema_migrations (version, name, applied_at) VALUES (?, ?, ?)"
 
 	case SQLite:
+		// Enqueue's inserts run without RETURNING (which made each a query
+		// whose rows the driver buffers and the store scans): the event's
+		// id is the connection's last rowid, and the delivery rows of one
+		// INSERT ... SELECT take consecutive ids (a new rowid is the
+		// largest plus one, the table locked by the single writer), the
+		// first being the last rowid minus the rows inserted, plus one.
 		s.insertEvent = c(insertEventCols + `VALUES (@now, @stream, @key, @kind, @hash, @metadata, @payload)
-ON CONFLICT (stream, event_key) DO NOTHING
-RETURNING id`)
+ON CONFLICT (stream, event_key) DO NOTHING`)
 		s.enqueue = c(insertCols + `SELECT @eid, @stream, g.consumer_group, 'pending', @now + @delay
-FROM (` + strings.Replace(groups, "%s", "", 1) + `) AS g
-RETURNING id`)
+FROM (` + strings.Replace(groups, "%s", "", 1) + `) AS g`)
 		dead := deadAt("", "@hold")
 		s.claim = c(`UPDATE millpond_deliveries SET
   status = CASE WHEN ` + dead + ` THEN 'dead_letter' ELSE 'processing' END,
@@ -870,8 +874,7 @@ ON CONFLICT (stream, consumer_group, ordering_key) DO UPDATE SET unsettled = uns
 RETURNING unsettled`)
 		s.insertOrdered = c(insertCols[:len(insertCols)-2] + `, ordering_key, ordering_seq)
 VALUES (@eid, @stream, @group, @status, @now + @delay, @okey, @seq)
-ON CONFLICT (event_id, consumer_group) DO NOTHING
-RETURNING id`)
+ON CONFLICT (event_id, consumer_group) DO NOTHING`)
 		s.requeueHead = c(`UPDATE millpond_deliveries SET status = 'pending', attempts = 0, available_at = @now, last_error = '', key_released = 0 WHERE id = @id`)
 		s.requeueRejoined = c(`UPDATE millpond_deliveries SET status = CASE WHEN @head THEN 'pending' ELSE 'blocked' END,
   attempts = 0, available_at = @now, last_error = '', key_released = 0 WHERE id = @id`)
