@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,37 +111,46 @@ func TestEnqueuePreparedInUseRunsByText(t *testing.T) {
 	if _, ok := ex.(preparedTx); !ok {
 		t.Fatalf("a database/sql transaction of a SQLite store runs %T, not prepared statements", ex)
 	}
-	q := store.core.EnqueueStatements()[0]
-	insert := func(key string) (int64, func() error) {
+	// The sequence upsert of an ordering key: a statement that returns rows.
+	var q string
+	for _, text := range store.core.EnqueueStatements() {
+		if strings.Contains(text, "INSERT INTO millpond_ordering") && strings.Contains(text, "RETURNING last_seq") {
+			q = text
+		}
+	}
+	if q == "" {
+		t.Fatal("no enqueue statement takes an ordering key's sequence")
+	}
+	bump := func() (int64, func() error) {
 		t.Helper()
-		// created_at, stream, event_key, event_kind, content_hash, metadata, payload
-		rows, err := ex.QueryContext(ctx, q, int64(1), "s", key, "K", []byte("h"), "{}", []byte("{}"))
+		// stream, consumer_group, ordering_key
+		rows, err := ex.QueryContext(ctx, q, "s", "", "order-1")
 		if err != nil {
-			t.Fatalf("insert %s: %v", key, err)
+			t.Fatalf("take a sequence: %v", err)
 		}
 		if !rows.Next() {
-			t.Fatalf("insert %s returned no id", key)
+			t.Fatal("taking a sequence returned no row")
 		}
-		var id int64
-		if err := rows.Scan(&id); err != nil {
+		var seq, unsettled int64
+		if err := rows.Scan(&seq, &unsettled); err != nil {
 			t.Fatal(err)
 		}
-		return id, rows.Close
+		return seq, rows.Close
 	}
-	id1, close1 := insert("a") // the prepared statement, its rows left open
-	id2, close2 := insert("b")
+	seq1, close1 := bump() // the prepared statement, its rows left open
+	seq2, close2 := bump()
 	if err := close2(); err != nil {
 		t.Fatal(err)
 	}
 	if err := close1(); err != nil {
 		t.Fatal(err)
 	}
-	id3, close3 := insert("c") // the prepared statement again
+	seq3, close3 := bump() // the prepared statement again
 	if err := close3(); err != nil {
 		t.Fatal(err)
 	}
-	if id1 == 0 || id2 != id1+1 || id3 != id2+1 {
-		t.Fatalf("ids %d, %d, %d", id1, id2, id3)
+	if seq1 != 1 || seq2 != 2 || seq3 != 3 {
+		t.Fatalf("sequences %d, %d, %d", seq1, seq2, seq3)
 	}
 }
 
