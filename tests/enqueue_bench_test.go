@@ -2,8 +2,11 @@ package tests
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/millpond/millpond/internal/testdb"
 	"github.com/millpond/millpond/outbox"
@@ -24,49 +27,49 @@ func BenchmarkEnqueue(b *testing.B) {
 			store := db.Store(b)
 			ctx := context.Background()
 			db.Exec(b, "DROP TABLE IF EXISTS raw_events")
-			db.Exec(b, "CREATE TABLE raw_events (id BIGINT PRIMARY KEY, payload BLOB)")
+			blob := "BLOB"
 			if dialect == "postgres" {
-				db.Exec(b, "ALTER TABLE raw_events ALTER COLUMN payload TYPE BYTEA")
+				blob = "BYTEA"
 			}
+			db.Exec(b, "CREATE TABLE raw_events (id BIGINT PRIMARY KEY, payload "+blob+")")
 			payload := make([]byte, 200)
 			insert := "INSERT INTO raw_events (id, payload) VALUES (?, ?)"
 			if dialect == "postgres" {
 				insert = "INSERT INTO raw_events (id, payload) VALUES ($1, $2)"
 			}
-			b.Run("raw", func(b *testing.B) {
+			// each times one transaction per iteration, fn running inside.
+			// (a pgx.Tx on PostgreSQL, a *sql.Tx elsewhere).
+			each := func(b *testing.B, first int, fn func(tx any, i int) error) {
 				b.ReportAllocs()
-				i := int(db.Count(b, "SELECT COALESCE(MAX(id), 0) FROM raw_events"))
+				i := first
 				for b.Loop() {
 					i++
-					raw, err := db.SQL.BeginTx(ctx, nil)
-					if err != nil {
+					tx, commit, rollback := db.BeginRaw(b)
+					if err := fn(tx, i); err != nil {
+						rollback()
 						b.Fatal(err)
 					}
-					if _, err := raw.ExecContext(ctx, insert, i, payload); err != nil {
-						b.Fatal(err)
-					}
-					if err := raw.Commit(); err != nil {
+					if err := commit(); err != nil {
 						b.Fatal(err)
 					}
 				}
+			}
+			b.Run("raw", func(b *testing.B) {
+				each(b, int(db.Count(b, "SELECT COALESCE(MAX(id), 0) FROM raw_events")), func(tx any, i int) error {
+					if ptx, ok := tx.(pgx.Tx); ok {
+						_, err := ptx.Exec(ctx, insert, i, payload)
+						return err
+					}
+					_, err := tx.(*sql.Tx).ExecContext(ctx, insert, i, payload)
+					return err
+				})
 			})
 			b.Run("millpond", func(b *testing.B) {
-				b.ReportAllocs()
-				i := int(db.Count(b, "SELECT count(*) FROM millpond_events"))
-				for b.Loop() {
-					i++
-					raw, err := db.SQL.BeginTx(ctx, nil)
-					if err != nil {
-						b.Fatal(err)
-					}
+				each(b, int(db.Count(b, "SELECT count(*) FROM millpond_events")), func(tx any, i int) error {
 					ev := outbox.Event{Stream: "s", Key: fmt.Sprintf("e%d", i), Kind: "Thing.Happened", Payload: payload}
-					if _, err := store.Enqueue(ctx, outbox.SQLTx(raw), ev); err != nil {
-						b.Fatal(err)
-					}
-					if err := raw.Commit(); err != nil {
-						b.Fatal(err)
-					}
-				}
+					_, err := store.Enqueue(ctx, testdb.Wrap(tx), ev)
+					return err
+				})
 			})
 		})
 	}

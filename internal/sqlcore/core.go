@@ -106,22 +106,12 @@ func (c *Core) resolveNow(ctx context.Context, ex Executor) (int64, error) {
 	if c.clock != nil {
 		return c.clock().UnixMicro(), nil
 	}
-	rows, err := ex.QueryContext(ctx, c.stmts.now.text, c.stmts.now.args(map[string]any{"now": nil})...)
-	if err != nil {
-		return 0, err
-	}
-	defer rows.Close()
 	var now int64
-	if !rows.Next() {
-		if err := rowsErr(rows); err != nil {
-			return 0, err
-		}
+	err := c.queryRow(ctx, ex, c.stmts.now, map[string]any{"now": nil}, &now)
+	if errors.Is(err, errNoRow) {
 		return 0, errors.New("database returned no time")
 	}
-	if err := rows.Scan(&now); err != nil {
-		return 0, err
-	}
-	return now, rows.Close()
+	return now, err
 }
 
 func micros(d time.Duration) int64 { return d.Microseconds() }

@@ -66,25 +66,14 @@ func insertedID(ctx context.Context, d Dialect, ex Executor, res Result) (int64,
 	if d == SQLite {
 		q = "SELECT last_insert_rowid()"
 	}
-	rows, err := ex.QueryContext(ctx, q)
-	if err != nil {
-		return 0, err
-	}
-	defer rows.Close()
 	var id int64
-	if !rows.Next() {
-		if err := rowsErr(rows); err != nil {
-			return 0, err
-		}
-		return 0, errors.New("insert reported no id")
-	}
-	if err := rows.Scan(&id); err != nil {
+	if err := queryOne(ctx, ex, q, nil, &id); err != nil && !errors.Is(err, errNoRow) {
 		return 0, err
 	}
 	if id <= 0 {
 		return 0, errors.New("insert reported no id")
 	}
-	return id, rows.Close()
+	return id, nil
 }
 
 // lastInsertID returns the id a result reports: MySQL's first id of the

@@ -174,7 +174,13 @@ var errNoRow = errors.New("no row")
 
 // queryRow scans the first row of q into dest; no row is errNoRow.
 func (c *Core) queryRow(ctx context.Context, ex Executor, q query, vals map[string]any, dest ...any) error {
-	rows, err := ex.QueryContext(ctx, q.text, q.args(vals)...)
+	return queryOne(ctx, ex, q.text, q.args(vals), dest...)
+}
+
+// queryOne runs text and scans its first row into dest: errNoRow when it
+// returns none.
+func queryOne(ctx context.Context, ex Executor, text string, args []any, dest ...any) error {
+	rows, err := ex.QueryContext(ctx, text, args...)
 	if err != nil {
 		return err
 	}
