@@ -803,8 +803,9 @@ ORDER BY id`)
 		// Enqueue's inserts run without RETURNING (which made each a query
 		// whose rows the driver buffers and the store scans): the event's
 		// id is the connection's last rowid, and the delivery rows of one
-		// INSERT ... SELECT take consecutive ids (a new rowid is the
-		// largest plus one, the table locked by the single writer), the
+		// INSERT ... SELECT take consecutive ids (the id is an INTEGER
+		// PRIMARY KEY AUTOINCREMENT: a new one is one more than the
+		// largest ever used, and the single writer holds the table), the
 		// first being the last rowid minus the rows inserted, plus one.
 		s.insertEvent = c(insertEventCols + `VALUES (@now, @stream, @key, @kind, @hash, @metadata, @payload)
 ON CONFLICT (stream, event_key) DO NOTHING`)
