@@ -225,7 +225,8 @@ type ClaimRequest struct {
 	// ordering key that the claim dead-letters (their last lease expired);
 	// the zero value is DeadLetterHold.
 	DeadLetterPolicy DeadLetterPolicy
-	// After, when positive, limits the claim to events with a larger id;
+	// After, when positive, limits the claim to rows with a larger id
+	// (Claimed.ID, the group's delivery row, not the event's own id);
 	// 0 (the default) claims from the oldest, negative is ErrInvalidID. A
 	// claimer that holds many claimed events and keeps finding full
 	// batches can pass the largest id of its last claim, so that the next

@@ -3,13 +3,18 @@ package tests
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"net/url"
+	"strings"
 	"testing"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/millpond/millpond/internal/testdb"
 	"github.com/millpond/millpond/outbox"
+	mysqlstore "github.com/millpond/millpond/outbox/mysql"
 )
 
 // countOnlyTx is a watermill-sql transaction whose results report only
@@ -33,7 +38,9 @@ func (t countOnlyTx) ExecContext(ctx context.Context, query string, args ...any)
 // row id of a new event, with its rows inserted for each of three groups,
 // whether the caller's transaction reports the inserted ids
 // (database/sql) or not (a watermill-sql transaction that reports only
-// counts: SQLite then reads last_insert_rowid(), MySQL looks the event up).
+// counts: SQLite then reads last_insert_rowid()). MySQL cannot tell an
+// insert's id from an earlier one's without the result's: it refuses such a
+// transaction with a clear error.
 func TestEnqueueIDsWithoutLastInsertID(t *testing.T) {
 	for _, dialect := range []string{"sqlite", "mysql"} {
 		t.Run(dialect, func(t *testing.T) {
@@ -57,6 +64,13 @@ func TestEnqueueIDsWithoutLastInsertID(t *testing.T) {
 				}
 				key := fmt.Sprintf("%s-%d", how, db.Count(t, "SELECT count(*) FROM millpond_events"))
 				res, err := store.Enqueue(ctx, wrap[how](raw), outbox.Event{Stream: "s", Key: key, Kind: "K", Payload: []byte("x")})
+				if dialect == "mysql" && how == "count-only" {
+					_ = raw.Rollback()
+					if err == nil || !strings.Contains(err.Error(), "LastInsertId") {
+						t.Fatalf("MySQL transaction without LastInsertId: %+v, %v", res, err)
+					}
+					continue
+				}
 				if err != nil {
 					_ = raw.Rollback()
 					t.Fatal(err)
@@ -71,5 +85,63 @@ func TestEnqueueIDsWithoutLastInsertID(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestMySQLEnqueueWithFoundRows: on a connection that counts found rows
+// (go-sql-driver's clientFoundRows), MySQL reports a known key's event
+// insert as one affected row with no id. Enqueue still treats the key as
+// known: the same content returns the event's rows, other content is
+// ErrIdempotencyConflict, and no other event gets rows.
+func TestMySQLEnqueueWithFoundRows(t *testing.T) {
+	db := testdb.New(t, "mysql")
+	db.Store(t) // migrated
+	u, err := url.Parse(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := mysql.NewConfig()
+	cfg.User = u.User.Username()
+	cfg.Net, cfg.Addr, cfg.DBName = "tcp", u.Host, strings.TrimPrefix(u.Path, "/")
+	cfg.ClientFoundRows = true
+	conn, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetMaxOpenConns(1) // every enqueue on the connection of the one before
+	store, err := mysqlstore.New(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	ctx := context.Background()
+	enqueue := func(key, payload string) (outbox.Enqueued, error) {
+		tx, err := conn.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := store.Enqueue(ctx, outbox.SQLTx(tx), outbox.Event{Stream: "s", Key: key, Kind: "K", Payload: []byte(payload)})
+		if err != nil {
+			_ = tx.Rollback()
+			return res, err
+		}
+		return res, tx.Commit()
+	}
+	a, err := enqueue("a", "1")
+	if err != nil || !a.Inserted {
+		t.Fatalf("first a: %+v, %v", a, err)
+	}
+	if b, err := enqueue("b", "1"); err != nil || !b.Inserted || b.ID == a.ID {
+		t.Fatalf("b: %+v, %v", b, err)
+	}
+	if again, err := enqueue("a", "1"); err != nil || again.Inserted || again.ID != a.ID {
+		t.Fatalf("a again: %+v, %v (first %+v)", again, err, a)
+	}
+	if _, err := enqueue("a", "2"); !errors.Is(err, outbox.ErrIdempotencyConflict) {
+		t.Fatalf("a with other content: %v", err)
+	}
+	if n := db.Count(t, "SELECT count(*) FROM millpond_deliveries"); n != 2 {
+		t.Fatalf("%d delivery rows, want one per event", n)
 	}
 }

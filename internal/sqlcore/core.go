@@ -228,12 +228,11 @@ func (c *Core) Enqueue(ctx context.Context, tx Executor, ev Event, notify bool) 
 		if err != nil {
 			return Enqueued{}, err
 		}
-		if n, err := res.RowsAffected(); err == nil && n > 0 {
-			id, err := insertedID(ctx, c.dialect, tx, res) // the first row's
-			if err != nil {
-				return Enqueued{}, err
+		// The first row's id; without one the event's rows are looked up.
+		if n, _ := res.RowsAffected(); n > 0 {
+			if id, ok := lastInsertID(res); ok {
+				return Enqueued{ID: id, Inserted: true}, nil
 			}
-			return Enqueued{ID: id, Inserted: true}, nil
 		}
 	case SQLite:
 		// The rows take consecutive ids: the first is the last rowid

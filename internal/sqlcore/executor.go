@@ -53,31 +53,46 @@ func rowsErr(rows Rows) error {
 	return nil
 }
 
-// insertedID returns the id of a row the insert just run on ex generated:
-// the result's LastInsertId (MySQL: the first row's, SQLite: the last
-// row's) or, when the caller's executor does not report it (watermill-sql's
-// Result promises RowsAffected only), the same value read on the same
-// connection: LAST_INSERT_ID() or last_insert_rowid().
+// insertedID returns the id of the row (MySQL: the first row) that the
+// insert just run on ex generated, or 0 when the result says it generated
+// none: MySQL counts a known key's row as affected when the connection
+// asks for found rows (go-sql-driver's clientFoundRows), with no id. When
+// the caller's executor does not report ids (watermill-sql's Result
+// promises RowsAffected only), SQLite's last_insert_rowid() is read on the
+// same connection: it runs only after an insert that changed rows, so it
+// is that insert's. MySQL's LAST_INSERT_ID() would not do: an insert that
+// generates no id leaves an earlier statement's value there.
 func insertedID(ctx context.Context, d Dialect, ex Executor, res Result) (int64, error) {
-	if id, ok := lastInsertID(res); ok {
-		return id, nil
+	if r, ok := res.(interface{ LastInsertId() (int64, error) }); ok {
+		id, err := r.LastInsertId()
+		switch {
+		case err != nil:
+			return 0, err
+		case id > 0:
+			return id, nil
+		case d == MySQL:
+			return 0, nil
+		}
+		return 0, errNoInsertID
 	}
-	q := "SELECT LAST_INSERT_ID()"
-	if d == SQLite {
-		q = "SELECT last_insert_rowid()"
+	if d != SQLite {
+		return 0, fmt.Errorf("%w: on MySQL the transaction's results must report LastInsertId (database/sql's do)", errNoInsertID)
 	}
 	var id int64
-	if err := queryOne(ctx, ex, q, nil, &id); err != nil && !errors.Is(err, errNoRow) {
+	if err := queryOne(ctx, ex, "SELECT last_insert_rowid()", nil, &id); err != nil && !errors.Is(err, errNoRow) {
 		return 0, err
 	}
 	if id <= 0 {
-		return 0, errors.New("insert reported no id")
+		return 0, errNoInsertID
 	}
 	return id, nil
 }
 
-// lastInsertID returns the id a result reports: MySQL's first id of the
-// insert, SQLite's last rowid.
+// errNoInsertID reports an insert whose result gave no id.
+var errNoInsertID = errors.New("insert reported no id")
+
+// lastInsertID returns the id a result reports, if positive: MySQL's first
+// id of the insert, SQLite's last rowid.
 func lastInsertID(res Result) (int64, bool) {
 	r, ok := res.(interface{ LastInsertId() (int64, error) })
 	if !ok {

@@ -240,7 +240,7 @@ type ClaimRequest struct {
 	// DeadLetterPolicy applies to events with an ordering key that the
 	// claim dead-letters (their last lease expired).
 	DeadLetterPolicy DeadLetterPolicy
-	// After, when positive, limits the claim to events with a larger id
+	// After, when positive, limits the claim to rows with a larger id
 	// (0 claims from the oldest). AcknowledgeAndClaimNext ignores it.
 	After int64
 }
