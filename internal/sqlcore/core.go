@@ -230,7 +230,11 @@ func (c *Core) Enqueue(ctx context.Context, tx Executor, ev Event, notify bool) 
 		}
 		// The first row's id; without one the event's rows are looked up.
 		if n, _ := res.RowsAffected(); n > 0 {
-			if id, ok := lastInsertID(res); ok {
+			id, err := insertedID(ctx, c.dialect, tx, res)
+			if err != nil {
+				return Enqueued{}, err
+			}
+			if id > 0 {
 				return Enqueued{ID: id, Inserted: true}, nil
 			}
 		}

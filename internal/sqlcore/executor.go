@@ -91,17 +91,6 @@ func insertedID(ctx context.Context, d Dialect, ex Executor, res Result) (int64,
 // errNoInsertID reports an insert whose result gave no id.
 var errNoInsertID = errors.New("insert reported no id")
 
-// lastInsertID returns the id a result reports, if positive: MySQL's first
-// id of the insert, SQLite's last rowid.
-func lastInsertID(res Result) (int64, bool) {
-	r, ok := res.(interface{ LastInsertId() (int64, error) })
-	if !ok {
-		return 0, false
-	}
-	id, err := r.LastInsertId()
-	return id, err == nil && id > 0
-}
-
 // inTx runs fn in a transaction of db, committing on success.
 func inTx(ctx context.Context, db DB, opts *sql.TxOptions, fn func(Tx) error) error {
 	tx, err := db.BeginTx(ctx, opts)
