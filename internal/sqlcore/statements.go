@@ -82,6 +82,11 @@ type statements struct {
 	// purgeEvents (WithDeleteOnAck) picks old events without delivery rows.
 	purgeEvents query
 
+	// Held claims (PostgreSQL, see held.go).
+	claimHeld   query // lock due rows, read them with their content
+	heldDeliver query // settle delivered rows without an ordering key ({ids} as an array)
+	heldLease   query // make held rows ordinary leased claims
+
 	migrationsDDL string
 	appliedSQL    string
 	recordSQL     string
@@ -361,6 +366,11 @@ WHERE d.id = @id AND d.stream = @stream AND d.consumer_group = '' AND d.status =
 FROM millpond_deliveries src WHERE src.id = @id`
 	switch d {
 	case Postgres:
+		s.claimHeld, s.heldLease = c(heldClaimPG), c(heldLeasePG)
+		s.heldDeliver = c(heldDeliverPG)
+		if deleteOnAck {
+			s.heldDeliver = c(heldDeletePG)
+		}
 		s.copyToGroup = c(strings.Replace(copyRow, "@group", "@group::VARCHAR", 1) + "\nON CONFLICT (event_id, consumer_group) DO NOTHING")
 		s.eventsOf = c("SELECT DISTINCT event_id FROM millpond_deliveries WHERE id = ANY(@ids::BIGINT[])")
 		s.deleteDeliveries = c("DELETE FROM millpond_deliveries WHERE id = ANY(@ids::BIGINT[])")

@@ -1,0 +1,269 @@
+package tests
+
+import (
+	"errors"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/millpond/millpond/internal/testdb"
+	"github.com/millpond/millpond/outbox"
+)
+
+// TestHeldClaim checks Store.ClaimHeld on PostgreSQL: held events are
+// skipped by other claims and unchanged until Settle, which acknowledges
+// (ordered events hand their keys over), leases or leaves each one; Abort,
+// an idle holder and a dead holder leave them due again, unchanged.
+func TestHeldClaim(t *testing.T) {
+	for _, deleteOnAck := range []bool{false, true} {
+		name := "KeepDelivered"
+		var opts []outbox.Option
+		if deleteOnAck {
+			name, opts = "DeleteOnAck", []outbox.Option{outbox.WithDeleteOnAck()}
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, "postgres", false, opts...)
+			e.deleteOnAck = deleteOnAck
+			testHeldSettle(t, e)
+		})
+	}
+	t.Run("Abort", func(t *testing.T) {
+		t.Parallel()
+		testHeldAbort(t, newEnv(t, "postgres", false))
+	})
+	t.Run("Refusals", func(t *testing.T) {
+		t.Parallel()
+		testHeldRefusals(t, newEnv(t, "postgres", false))
+	})
+	t.Run("IdleHolderIsEnded", func(t *testing.T) {
+		t.Parallel()
+		testHeldIdle(t, newEnv(t, "postgres", false))
+	})
+	t.Run("KilledHolder", func(t *testing.T) {
+		t.Parallel()
+		testHeldKilled(t, newEnv(t, "postgres", false))
+	})
+}
+
+// TestHeldClaimUnsupported: only PostgreSQL holds claims.
+func TestHeldClaimUnsupported(t *testing.T) {
+	for _, dialect := range []string{"mysql", "sqlite"} {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, dialect, false)
+			e.enqueue(event("s", "a"))
+			h, cs, err := e.s.ClaimHeld(e.ctx, claimReq("s", 10, time.Minute, 5))
+			if !errors.Is(err, errors.ErrUnsupported) || h != nil || cs != nil {
+				t.Fatalf("held claim on %s: want errors.ErrUnsupported, got %v, %v, %v", dialect, h, cs, err)
+			}
+			e.expectRow(1, outbox.StatusPending, 0)
+		})
+	}
+}
+
+func (e *env) claimHeld(req outbox.ClaimRequest) (*outbox.HeldClaim, []outbox.Claimed) {
+	e.t.Helper()
+	h, cs, err := e.s.ClaimHeld(e.ctx, req)
+	if err != nil {
+		e.t.Fatalf("held claim: %v", err)
+	}
+	if h != nil {
+		// A test that fails with the claim open must not leave its rows
+		// locked: the schema's cleanup would wait for them.
+		e.t.Cleanup(func() { _ = h.Abort() })
+	}
+	return h, cs
+}
+
+func ids(cs []outbox.Claimed) []int64 {
+	out := make([]int64, len(cs))
+	for i, c := range cs {
+		out[i] = c.ID
+	}
+	return out
+}
+
+func testHeldSettle(t *testing.T, e *env) {
+	var unordered []int64
+	for i := range 6 {
+		unordered = append(unordered, e.enqueue(event("s", "u"+strconv.Itoa(i))).ID)
+	}
+	var ordered []int64
+	for i := range 3 {
+		ev := event("s", "o"+strconv.Itoa(i))
+		ev.OrderingKey = "order-1"
+		ordered = append(ordered, e.enqueue(ev).ID)
+	}
+	req := claimReq("s", 100, time.Minute, 5)
+	h, cs := e.claimHeld(req)
+	want := append(slices.Clone(unordered), ordered[0]) // the key's head only
+	if got := ids(cs); !slices.Equal(got, want) {
+		t.Fatalf("held claim: want ids %v, got %v", want, got)
+	}
+	for _, c := range cs {
+		if c.Attempts != 1 || c.ClaimKey != "" || c.Reclaimed || string(c.Payload) == "" || c.Stream != "s" {
+			t.Fatalf("held event: want attempt 1, no claim key, content, got %+v", c)
+		}
+		if c.ID == ordered[0] && (c.OrderingKey != "order-1" || c.OrderingSeq != 1) {
+			t.Fatalf("held head: want key order-1 seq 1, got %q %d", c.OrderingKey, c.OrderingSeq)
+		}
+	}
+	// Held rows are unchanged and skipped by other claims.
+	for _, id := range want {
+		e.expectRow(id, outbox.StatusPending, 0)
+	}
+	e.expectNothingDue(req)
+
+	delivered := []int64{unordered[0], unordered[1], unordered[2], unordered[3], ordered[0]}
+	leased := []int64{unordered[4]}
+	rs, err := h.Settle(e.ctx, delivered, leased)
+	if err != nil {
+		t.Fatalf("settle: %v", err)
+	}
+	if len(rs) != 1 || rs[0].ID != unordered[4] || len(rs[0].ClaimKey) != 32 {
+		t.Fatalf("settle: want one receipt for %d with a claim key, got %+v", unordered[4], rs)
+	}
+	for _, id := range delivered {
+		e.expectRow(id, outbox.StatusDelivered, 1)
+	}
+	if !e.deleteOnAck {
+		if r := e.row(unordered[0]); r.ClaimKey != "" || !r.DeliveredAt.Valid {
+			t.Fatalf("delivered row: want no claim key and a delivery time, got %+v", r)
+		}
+	}
+	e.expectRow(unordered[4], outbox.StatusProcessing, 1)
+	e.expectRow(unordered[5], outbox.StatusPending, 0) // left as it was
+	e.expectRow(ordered[1], outbox.StatusPending, 0)   // the key's next event
+	e.expectRow(ordered[2], outbox.StatusBlocked, 0)
+
+	// The leased event is an ordinary claim: its receipt fails it.
+	out, err := e.s.Fail(e.ctx, rs[0], outbox.Failure{Reason: "broker down", MaxAttempts: 5, RetryDelay: time.Hour})
+	if err != nil || out.DeadLettered {
+		t.Fatalf("fail the leased event: %+v, %v", out, err)
+	}
+	e.expectRow(unordered[4], outbox.StatusPending, 1)
+	// The event left alone and the key's next event are due now.
+	if got := ids(e.claim(req)); !slices.Equal(got, []int64{unordered[5], ordered[1]}) {
+		t.Fatalf("claim after settle: want %v, got %v", []int64{unordered[5], ordered[1]}, got)
+	}
+}
+
+func testHeldAbort(t *testing.T, e *env) {
+	for i := range 3 {
+		e.enqueue(event("s", "a"+strconv.Itoa(i)))
+	}
+	req := claimReq("s", 100, time.Minute, 5)
+	h, cs := e.claimHeld(req)
+	if len(cs) != 3 {
+		t.Fatalf("held claim: want 3 events, got %d", len(cs))
+	}
+	if err := h.Abort(); err != nil {
+		t.Fatalf("abort: %v", err)
+	}
+	if err := h.Abort(); err != nil {
+		t.Fatalf("second abort: %v", err)
+	}
+	if _, err := h.Settle(e.ctx, ids(cs), nil); !errors.Is(err, outbox.ErrHeldSettled) {
+		t.Fatalf("settle after abort: want ErrHeldSettled, got %v", err)
+	}
+	for _, c := range cs {
+		e.expectRow(c.ID, outbox.StatusPending, 0)
+	}
+	if got := e.claim(req); len(got) != 3 || got[0].Attempts != 1 {
+		t.Fatalf("claim after abort: want the 3 events at attempt 1, got %d", len(got))
+	}
+	// Nothing due: no claim is held.
+	if h, cs := e.claimHeld(req); h != nil || len(cs) != 0 {
+		t.Fatalf("held claim of nothing due: want nil, got %v %d", h, len(cs))
+	}
+}
+
+func testHeldRefusals(t *testing.T, e *env) {
+	a := e.enqueue(event("s", "a")).ID
+	b := e.enqueue(event("s", "b")).ID
+	req := claimReq("s", 1, time.Minute, 5)
+	h, cs := e.claimHeld(req) // a only
+	if len(cs) != 1 || cs[0].ID != a {
+		t.Fatalf("held claim: want event %d, got %v", a, ids(cs))
+	}
+	for label, args := range map[string][2][]int64{
+		"an id it does not hold": {{b}, nil},
+		"an id twice":            {{a}, {a}},
+	} {
+		if _, err := h.Settle(e.ctx, args[0], args[1]); !errors.Is(err, outbox.ErrInvalidID) {
+			t.Fatalf("settle with %s: want ErrInvalidID, got %v", label, err)
+		}
+	}
+	if _, err := h.Settle(e.ctx, []int64{a}, nil); err != nil { // still open
+		t.Fatalf("settle after refusals: %v", err)
+	}
+	e.expectRow(a, outbox.StatusDelivered, 1)
+	if _, err := h.Settle(e.ctx, nil, nil); !errors.Is(err, outbox.ErrHeldSettled) {
+		t.Fatalf("second settle: want ErrHeldSettled, got %v", err)
+	}
+	bad := req
+	bad.Limit = 0
+	if _, _, err := e.s.ClaimHeld(e.ctx, bad); !errors.Is(err, outbox.ErrInvalidBatch) {
+		t.Fatalf("held claim of limit 0: want ErrInvalidBatch, got %v", err)
+	}
+}
+
+// testHeldIdle: a holder idle for longer than its lease loses its claim.
+func testHeldIdle(t *testing.T, e *env) {
+	id := e.enqueue(event("s", "a")).ID
+	req := claimReq("s", 10, outbox.MinLease, 5)
+	h, cs := e.claimHeld(req)
+	if len(cs) != 1 {
+		t.Fatalf("held claim: want 1 event, got %d", len(cs))
+	}
+	time.Sleep(outbox.MinLease + 500*time.Millisecond)
+	if got := e.claim(claimReq("s", 10, time.Minute, 5)); len(got) != 1 || got[0].ID != id {
+		t.Fatalf("claim after the holder idled past its lease: want event %d, got %v", id, ids(got))
+	}
+	if _, err := h.Settle(e.ctx, []int64{id}, nil); err == nil {
+		t.Fatal("settle of a claim the database ended: want an error")
+	}
+	e.expectRow(id, outbox.StatusProcessing, 1) // the other claim's
+}
+
+// testHeldKilled: when the holder's session dies, its events are due at
+// once, unchanged.
+func testHeldKilled(t *testing.T, e *env) {
+	e.enqueue(event("s", "a"))
+	e.enqueue(event("s", "b"))
+	req := claimReq("s", 10, time.Hour, 5)
+	h, cs := e.claimHeld(req)
+	if len(cs) != 2 {
+		t.Fatalf("held claim: want 2 events, got %d", len(cs))
+	}
+	// The holder's session is the one idle in a transaction that holds a
+	// row-share lock (FOR UPDATE) on this test's table.
+	var killed int
+	err := e.db.Pool.QueryRow(e.ctx, `SELECT COUNT(*) FILTER (WHERE pg_terminate_backend(l.pid))
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.relation = 'millpond_deliveries'::regclass AND l.mode = 'RowShareLock' AND l.granted AND a.state = 'idle in transaction'`).Scan(&killed)
+	if err != nil || killed != 1 {
+		t.Fatalf("terminate the holder's session: want 1 session ended, got %d, %v", killed, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := e.claim(claimReq("s", 10, time.Minute, 5))
+		if len(got) == 2 {
+			if got[0].Attempts != 1 {
+				t.Fatalf("claim after the holder died: want attempt 1 (unchanged rows), got %d", got[0].Attempts)
+			}
+			break
+		}
+		if len(got) != 0 || time.Now().After(deadline) {
+			t.Fatalf("claim after the holder died: want both events, got %v", ids(got))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := h.Settle(e.ctx, ids(cs), nil); err == nil {
+		t.Fatal("settle of a claim whose session died: want an error")
+	}
+}
+
+var _ = testdb.Dialects
