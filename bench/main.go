@@ -82,7 +82,7 @@ func main() {
 		"measure relaying to NATS JetStream instead: millpond's relay, Watermill's forwarder, a bare async publish loop (PostgreSQL)")
 	flag.StringVar(&cfg.natsURL, "nats", "nats://127.0.0.1:4222", "NATS JetStream server for -relay")
 	flag.IntVar(&cfg.relayRuns, "relay-runs", 3, "interleaved runs per system in -relay mode")
-	flag.StringVar(&cfg.relaySystems, "relay-systems", "bare,relay,forwarder", "systems of -relay mode, comma-separated: bare, relay, forwarder")
+	flag.StringVar(&cfg.relaySystems, "relay-systems", "bare,relay,relay-leases,forwarder", "systems of -relay mode, comma-separated: bare, relay, relay-leases, forwarder")
 	flag.BoolVar(&cfg.relayPollClock, "relay-poll-clock", false,
 		"-relay mode: stop the relay's clock when polling the stream's info (every 2 ms, while it runs) finds every event, instead of at its last PubAck (the bare loop's criterion)")
 	flag.BoolVar(&cfg.relayDelete, "relay-delete-on-ack", false,

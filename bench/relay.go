@@ -33,7 +33,9 @@ import (
 //     stalls on a full window is tried again), until PublishAsyncComplete
 //     and the stream holds them: the limit of the broker and the client;
 //   - millpond relay: relay.JetStream (the given window, default batch
-//     1000) over events already committed in millpond's outbox, from Run
+//     1000; its claims held in transactions, its default on PostgreSQL, or
+//     with relay-leases under leases, Config.UseLeases) over events
+//     already committed in millpond's outbox, from Run
 //     until its last PubAck (its Stats, read every 0.5 ms; then the stream
 //     must hold them), the bare loop's criterion; with -relay-poll-clock
 //     until polling the stream's info every 2 ms finds them, which costs
@@ -96,10 +98,10 @@ func runRelayBench(ctx context.Context, db *database, cfg config, env string) er
 	want := map[string]bool{}
 	for s := range strings.SplitSeq(cfg.relaySystems, ",") {
 		switch s = strings.TrimSpace(s); s {
-		case "bare", "relay", "forwarder":
+		case "bare", "relay", "relay-leases", "forwarder":
 			want[s] = true
 		default:
-			return fmt.Errorf("-relay-systems: unknown system %q (bare, relay, forwarder)", s)
+			return fmt.Errorf("-relay-systems: unknown system %q (bare, relay, relay-leases, forwarder)", s)
 		}
 	}
 	type system struct {
@@ -119,8 +121,13 @@ func runRelayBench(ctx context.Context, db *database, cfg config, env string) er
 			}})
 		}
 		if want["relay"] && w <= outbox.MaxBatch { // the relay's window is at most outbox.MaxBatch
-			systems = append(systems, system{fmt.Sprintf("millpond relay (window %d, batch %d)", w, relay.DefaultBatchSize), "relay", func(ctx context.Context, st jetstream.Stream) (float64, cpuTimes, error) {
-				return benchRelay(ctx, db, store, nc, st, cfg.events, w, cfg.relayPollClock)
+			systems = append(systems, system{fmt.Sprintf("millpond relay, held claims: its default on PostgreSQL (window %d, batch %d)", w, relay.DefaultBatchSize), "relay", func(ctx context.Context, st jetstream.Stream) (float64, cpuTimes, error) {
+				return benchRelay(ctx, db, store, nc, st, cfg.events, w, cfg.relayPollClock, false)
+			}})
+		}
+		if want["relay-leases"] && w <= outbox.MaxBatch {
+			systems = append(systems, system{fmt.Sprintf("millpond relay, leased claims: `UseLeases` (window %d, batch %d)", w, relay.DefaultBatchSize), "relay-leases", func(ctx context.Context, st jetstream.Stream) (float64, cpuTimes, error) {
+				return benchRelay(ctx, db, store, nc, st, cfg.events, w, cfg.relayPollClock, true)
 			}})
 		}
 	}
@@ -169,7 +176,7 @@ func runRelayBench(ctx context.Context, db *database, cfg config, env string) er
 	fmt.Fprintf(&b, "# millpond relay benchmark (postgres → NATS JetStream)\n\nRun %s. %s\n\n", time.Now().UTC().Format(time.RFC3339), env)
 	fmt.Fprintf(&b, "%d unordered events of ~200 bytes, one file-backed stream per measurement (duplicate window 2 min); %d interleaved runs, median (range). ", cfg.events, cfg.relayRuns)
 	b.WriteString("Bare loop: `PublishMsgAsync` of the relay's messages (same subjects, headers, payloads) from memory, at most `window` unconfirmed (`WithPublishAsyncMaxPending`), then `PublishAsyncComplete`. " +
-		"Relay: `relay.JetStream` over the events already committed, from `Run` until the stream holds them all. Ratios are against the best bare loop and the forwarder.\n\n")
+		"Relay: `relay.JetStream` over the events already committed, from `Run` until the stream holds them all; on PostgreSQL it holds each claimed batch in a transaction until the batch is published (`outbox.Store.ClaimHeld`, its default), or with `UseLeases` claims under leases. The targets use the default (held) rows. Ratios are against the best bare loop and the forwarder.\n\n")
 	b.WriteString("CPU µs/event (medians): the bench process (client), the PostgreSQL processes of its database, the NATS server (which may serve others too), from the start of the clock until the system's work is done (the relay's: until Run returned, its last acknowledgements written).\n\n")
 	b.WriteString("| system | ev/s | vs best bare loop | vs Watermill forwarder | CPU µs/event client / database / NATS |\n|---|---:|---:|---:|---:|\n")
 	for i, s := range systems {
@@ -339,7 +346,7 @@ func enqueueBatches(ctx context.Context, db *database, n int, add func(*benchTx,
 	return nil
 }
 
-func benchRelay(ctx context.Context, db *database, store *outbox.Store, nc *nats.Conn, st jetstream.Stream, n, window int, pollClock bool) (float64, cpuTimes, error) {
+func benchRelay(ctx context.Context, db *database, store *outbox.Store, nc *nats.Conn, st jetstream.Stream, n, window int, pollClock, useLeases bool) (float64, cpuTimes, error) {
 	if err := db.truncate(ctx, "millpond_outbox", "millpond_ordering"); err != nil {
 		return 0, cpuTimes{}, err
 	}
@@ -357,7 +364,7 @@ func benchRelay(ctx context.Context, db *database, store *outbox.Store, nc *nats
 		return 0, cpuTimes{}, err
 	}
 	r, err := relay.NewJetStream(ctx, store, nc, relay.JetStreamConfig{
-		Config:        relay.Config{Streams: []string{relayBenchTopic}, Window: window, PollInterval: 5 * time.Millisecond},
+		Config:        relay.Config{Streams: []string{relayBenchTopic}, Window: window, PollInterval: 5 * time.Millisecond, UseLeases: useLeases},
 		SubjectPrefix: relaySubjectPrefix,
 	})
 	if err != nil {

@@ -83,8 +83,9 @@ func backlogRelay(t *testing.T, pub *pacedPublisher, evs ...outbox.Event) {
 	backlogRelayWith(t, pub, nil, evs...)
 }
 
-// backlogRelayWith is backlogRelay with a lease of 1 s, calling during (if
-// not nil) on a goroutine of its own while the relay runs.
+// backlogRelayWith is backlogRelay calling during (if not nil) on a
+// goroutine of its own while the relay runs, with its claims under leases
+// of 1 s (not held).
 func backlogRelayWith(t *testing.T, pub *pacedPublisher, during func(db *testdb.Database), evs ...outbox.Event) {
 	t.Cleanup(relay.SetMaxBoundAge(time.Hour))
 	db := testdb.New(t, "postgres")
@@ -99,7 +100,8 @@ func backlogRelayWith(t *testing.T, pub *pacedPublisher, during func(db *testdb.
 	enqueue(t, db, store, evs...)
 	cfg := relay.Config{Streams: []string{"s"}, Window: 4, BatchSize: 4, MaxBackoff: 50 * time.Millisecond, PollInterval: 20 * time.Millisecond}
 	if during != nil {
-		cfg.Lease = time.Second
+		// The caller makes a lease expire: a claim under a lease it is.
+		cfg.Lease, cfg.UseLeases = time.Second, true
 	}
 	w, err := relay.NewWatermill(store, pub, relay.WatermillConfig{Config: cfg})
 	if err != nil {

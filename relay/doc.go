@@ -3,23 +3,31 @@
 // any Watermill message.Publisher at least once (Watermill).
 //
 // A relay is a consumer group of the outbox (DefaultGroup unless
-// configured): it claims events in batches with outbox.Store.Claim (up to
-// Config.BatchSize at once, the next claim overlapping the publishing of
-// the previous batch), publishes each one asynchronously and acknowledges
-// the outbox row only once the broker confirmed it (JetStream's PubAck, or
-// the Watermill publisher's return), every acknowledgement waiting in one
-// Store.AcknowledgeBatch. Events of one ordering key are published one
-// after another, because the outbox hands a consumer group at most one
-// unsettled event per key; events of different keys go out in parallel, up
-// to Config.Window publishes unconfirmed. Leases are extended every Lease/3
-// until an event is settled; a failed publish goes to Store.Fail with the
-// relay's backoff (dead letter at Config.MaxAttempts).
+// configured): it claims events in batches (up to Config.BatchSize at once,
+// the next claim overlapping the publishing of the previous batch),
+// publishes each one asynchronously and acknowledges the outbox row only
+// once the broker confirmed it (JetStream's PubAck, or the Watermill
+// publisher's return). Events of one ordering key are published one after
+// another, because the outbox hands a consumer group at most one unsettled
+// event per key; events of different keys go out in parallel, up to
+// Config.Window publishes unconfirmed. A failed publish goes to Store.Fail
+// with the relay's backoff (dead letter at Config.MaxAttempts).
+//
+// On PostgreSQL a relay holds each claimed batch in a transaction
+// (outbox.Store.ClaimHeld) until every event of it has an outcome, then
+// settles the batch in that transaction: a published event's row is
+// written once, not at the claim and again at its acknowledgement (about
+// half the database's work per event), and the events of a relay that dies
+// are due again at once. Elsewhere, or with Config.UseLeases, it claims
+// under leases (outbox.Store.Claim), extended every Lease/3 until an event
+// is settled, and writes every acknowledgement waiting in one
+// Store.AcknowledgeBatch.
 //
 // # Exactly once into JetStream
 //
 // A relay that crashes after JetStream stored an event but before the
 // outbox row was acknowledged publishes the event again once its lease
-// expires. Every message carries Nats-Msg-Id = MsgID(stream, key), so
+// expires (held claims: once the database ends its session). Every message carries Nats-Msg-Id = MsgID(stream, key), so
 // JetStream drops the second copy when it arrives within the stream's
 // duplicate window, and answers with a PubAck marked Duplicate, which the
 // relay counts as success. The window must be at least

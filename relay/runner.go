@@ -62,7 +62,9 @@ type Config struct {
 	// claimed.
 	BatchSize int
 	// Lease is the claim lease (default 30 s), extended every Lease/3 until
-	// the event is settled.
+	// the event is settled. A held claim (PostgreSQL, see UseLeases) has no
+	// lease to extend: the database ends its transaction when it stays idle
+	// longer than Lease, or three times PublishTimeout if that is longer.
 	Lease time.Duration
 	// MaxAttempts dead-letters an event after this many failed publishes
 	// (default outbox.MaxAttempts).
@@ -83,6 +85,18 @@ type Config struct {
 	PollInterval time.Duration
 	// Worker names this process in claimed rows (default host-pid-random).
 	Worker string
+	// UseLeases makes a relay on PostgreSQL claim events under leases, as
+	// on the other databases, instead of holding each claimed batch in a
+	// transaction until its events are published (outbox.Store.ClaimHeld).
+	// A held batch writes each published event's row once instead of at
+	// the claim and again at its acknowledgement; if the relay dies, its
+	// events are due again at once instead of when their leases expire, and
+	// the attempt is not counted. A held batch keeps one pooled connection
+	// until its last publish is confirmed (at most two batches per stream),
+	// and the database ends a held batch's transaction that stays idle
+	// longer than Lease (at least three times PublishTimeout): its events
+	// are then published again, and dropped as duplicates.
+	UseLeases bool
 	// DeadLetterPolicy is the group's policy for a dead-lettered event
 	// with an ordering key (default outbox.DeadLetterHold; strict mode
 	// requires it).
@@ -183,6 +197,14 @@ func (c *Config) validate() error {
 	return nil
 }
 
+// heldIdle is the longest a held claim's transaction may stay idle before
+// the database ends it: Lease, but at least three times PublishTimeout (a
+// batch may wait for the window while the previous one's publishes time
+// out, then time out itself), at most outbox.MaxLease.
+func (c *Config) heldIdle() time.Duration {
+	return min(max(c.Lease, 3*c.PublishTimeout), outbox.MaxLease)
+}
+
 // RequiredDuplicateWindow is the shortest JetStream duplicate window that
 // drops every re-publication after one interruption of the relay: a crash
 // after the PubAck and before the outbox acknowledgement re-publishes the
@@ -245,6 +267,9 @@ type runner struct {
 	send    func(p *pipeline, it *item)
 	stats   *counters
 	running atomic.Bool
+	// held: claims hold their events in transactions (PostgreSQL, unless
+	// Config.UseLeases).
+	held bool
 }
 
 // newRunner makes the runner of a relay whose configuration has its
@@ -260,7 +285,8 @@ func newRunner(store *outbox.Store, cfg Config, stats *counters, target func(str
 	if err != nil {
 		return nil, err
 	}
-	return &runner{store: store, cfg: cfg, tel: tel, target: target, send: send, stats: stats}, nil
+	held := store.Dialect() == "postgres" && !cfg.UseLeases
+	return &runner{store: store, cfg: cfg, tel: tel, target: target, send: send, stats: stats, held: held}, nil
 }
 
 // item is one claimed event on its way through a pipeline. c points into
@@ -268,6 +294,8 @@ func newRunner(store *outbox.Store, cfg Config, stats *counters, target func(str
 type item struct {
 	c         *outbox.Claimed
 	claimedAt time.Time
+	// hb is the held claim of the event (nil when claimed under a lease).
+	hb *heldBatch
 }
 
 // result is the outcome of one publish.
@@ -369,6 +397,13 @@ type pipeline struct {
 
 	mu   sync.Mutex
 	held map[int64]outbox.Receipt // claimed, unsettled (for lease extension)
+
+	// Held claims (runner.held): slots bounds the claims open at once;
+	// open lists them (under mu) so that a stop can end them; settling
+	// counts settlements running.
+	slots    chan struct{}
+	open     map[*heldBatch]struct{}
+	settling sync.WaitGroup
 }
 
 // firstClaim is the most the first claim over a backlog takes: a sixteenth
@@ -406,6 +441,8 @@ func newPipeline(r *runner, stream string) *pipeline {
 		acks:    make(chan *item, outbox.MaxBatch),
 		fails:   make(chan failedItem, r.cfg.Window),
 		held:    map[int64]outbox.Receipt{},
+		slots:   make(chan struct{}, maxHeldClaims),
+		open:    map[*heldBatch]struct{}{},
 	}
 	p.ramp.Store(int64(firstClaim(r.cfg)))
 	return p
@@ -450,6 +487,8 @@ func (p *pipeline) run(ctx context.Context) {
 	close(p.acks)
 	close(p.fails)
 	p.sendMu.Unlock()
+	p.endHeld()
+	p.settling.Wait()
 	<-acked
 	<-failed
 	close(extendStop)
@@ -531,13 +570,31 @@ func (p *pipeline) claimLoop(lead bool) {
 			}
 		}
 		limit := int(p.ramp.Load())
+		if p.r.held && !p.takeSlot() {
+			return
+		}
 		ctx, cancel := p.opCtx()
 		began := time.Now()
 		after, gen := p.bound.next(began)
-		claimed, err := p.r.store.Claim(ctx, outbox.ClaimRequest{
+		req := outbox.ClaimRequest{
 			Stream: p.stream, Group: p.r.cfg.Group, Worker: p.r.cfg.Worker, Limit: limit, Lease: p.r.cfg.Lease,
 			MaxAttempts: p.r.cfg.MaxAttempts, DeadLetterPolicy: p.r.cfg.DeadLetterPolicy, After: after,
-		})
+		}
+		var claimed []outbox.Claimed
+		var hb *heldBatch
+		var err error
+		if p.r.held {
+			var h *outbox.HeldClaim
+			req.Lease = p.r.cfg.heldIdle()
+			h, claimed, err = p.r.store.ClaimHeld(ctx, req)
+			if h == nil {
+				p.freeSlot()
+			} else {
+				hb = p.openHeld(h, len(claimed))
+			}
+		} else {
+			claimed, err = p.r.store.Claim(ctx, req)
+		}
 		took := time.Since(began)
 		cancel()
 		if err == nil {
@@ -591,19 +648,17 @@ func (p *pipeline) claimLoop(lead bool) {
 			p.mu.Lock()
 			for i := range claimed {
 				c := &claimed[i]
-				p.held[c.ID] = c.Receipt()
-				items[i] = item{c: c, claimedAt: now}
+				if hb == nil {
+					p.held[c.ID] = c.Receipt()
+				}
+				items[i] = item{c: c, claimedAt: now, hb: hb}
 				batch[i] = &items[i]
 			}
 			p.mu.Unlock()
 			select {
 			case p.batches <- batch:
 			case <-p.stop:
-				rs := make([]outbox.Receipt, len(claimed))
-				for i, c := range claimed {
-					rs[i] = c.Receipt()
-				}
-				p.release(rs...)
+				p.releaseItems(batch)
 				return
 			}
 		}
@@ -740,6 +795,10 @@ func (p *pipeline) finish(it *item, res result) {
 		stats.failed.Add(1)
 		p.tel.failed(ctx, res.reason)
 	}
+	if it.hb != nil {
+		p.heldDone(it, &res)
+		return
+	}
 	p.sendMu.Lock()
 	defer p.sendMu.Unlock()
 	if p.closed {
@@ -806,41 +865,46 @@ func (p *pipeline) ackLoop() {
 // dead-lettered at the attempt limit (at once when the event can never be
 // published).
 func (p *pipeline) failLoop() {
-	cfg := &p.r.cfg
 	for f := range p.fails {
-		c := f.it.c
-		fl := outbox.Failure{Reason: outbox.SanitizeErrorText(failureText(f.res.err)), MaxAttempts: cfg.MaxAttempts,
-			RetryDelay: cfg.backoff(c.Attempts), DeadLetterPolicy: cfg.DeadLetterPolicy}
-		if f.res.dead {
-			fl.MaxAttempts = min(max(c.Attempts, 1), outbox.MaxAttempts)
-		}
-		var out outbox.FailOutcome
-		err := p.retry(func(ctx context.Context) error {
-			var err error
-			out, err = p.r.store.Fail(ctx, c.Receipt(), fl)
-			return err
-		})
-		p.forget(c.Receipt())
-		switch {
-		case err != nil || (out.DeadLettered && c.OrderingKey != ""):
-			// A lost lease makes the event due again; a dead-lettered head
-			// may let the next event of its key go (DeadLetterSkip).
-			p.bound.drop()
-		case !out.DeadLettered:
-			p.bound.retryAt(time.Now().Add(fl.RetryDelay))
-		}
-		switch {
-		case errors.Is(err, outbox.ErrStaleClaim):
-			cfg.Logger.Info("relay: a failed event had lost its lease; it is retried elsewhere")
-		case err != nil:
-			cfg.Logger.Error("relay: could not record a failed publish; the event will be retried after its lease expires", "error", err.Error())
-		case out.DeadLettered:
-			p.r.stats.dead.Add(1)
-			p.tel.deadLettered(context.Background(), f.res.reason)
-			cfg.Logger.Warn("relay: event dead-lettered", "attempts", c.Attempts, "reason", f.res.reason)
-		default:
-			cfg.Logger.Debug("relay: publish failed; the event will be retried", "error", fl.Reason)
-		}
+		p.settleFailure(f)
+	}
+}
+
+// settleFailure records one failed publish with Store.Fail.
+func (p *pipeline) settleFailure(f failedItem) {
+	cfg := &p.r.cfg
+	c := f.it.c
+	fl := outbox.Failure{Reason: outbox.SanitizeErrorText(failureText(f.res.err)), MaxAttempts: cfg.MaxAttempts,
+		RetryDelay: cfg.backoff(c.Attempts), DeadLetterPolicy: cfg.DeadLetterPolicy}
+	if f.res.dead {
+		fl.MaxAttempts = min(max(c.Attempts, 1), outbox.MaxAttempts)
+	}
+	var out outbox.FailOutcome
+	err := p.retry(func(ctx context.Context) error {
+		var err error
+		out, err = p.r.store.Fail(ctx, c.Receipt(), fl)
+		return err
+	})
+	p.forget(c.Receipt())
+	switch {
+	case err != nil || (out.DeadLettered && c.OrderingKey != ""):
+		// A lost lease makes the event due again; a dead-lettered head
+		// may let the next event of its key go (DeadLetterSkip).
+		p.bound.drop()
+	case !out.DeadLettered:
+		p.bound.retryAt(time.Now().Add(fl.RetryDelay))
+	}
+	switch {
+	case errors.Is(err, outbox.ErrStaleClaim):
+		cfg.Logger.Info("relay: a failed event had lost its lease; it is retried elsewhere")
+	case err != nil:
+		cfg.Logger.Error("relay: could not record a failed publish; the event will be retried after its lease expires", "error", err.Error())
+	case out.DeadLettered:
+		p.r.stats.dead.Add(1)
+		p.tel.deadLettered(context.Background(), f.res.reason)
+		cfg.Logger.Warn("relay: event dead-lettered", "attempts", c.Attempts, "reason", f.res.reason)
+	default:
+		cfg.Logger.Debug("relay: publish failed; the event will be retried", "error", fl.Reason)
 	}
 }
 
@@ -914,14 +978,17 @@ func (p *pipeline) release(rs ...outbox.Receipt) {
 
 // releaseItems hands claimed, unpublished events back at once.
 func (p *pipeline) releaseItems(items []*item) {
-	if len(items) == 0 {
-		return
+	var rs []outbox.Receipt
+	for _, it := range items {
+		if it.hb != nil {
+			p.heldDone(it, nil) // left as it was when its claim ends
+			continue
+		}
+		rs = append(rs, it.c.Receipt())
 	}
-	rs := make([]outbox.Receipt, len(items))
-	for i, it := range items {
-		rs[i] = it.c.Receipt()
+	if len(rs) > 0 {
+		p.release(rs...)
 	}
-	p.release(rs...)
 }
 
 // releaseQueued hands back every batch claimed but never published.

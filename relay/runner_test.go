@@ -68,28 +68,35 @@ func events(n int) []outbox.Event {
 }
 
 // TestLeaseExtendedWhilePublishing: with a 1 s lease, a publish that takes
-// 3 s keeps its claim (the relay extends the lease every Lease/3), so the
-// event is neither claimed again nor published twice.
+// 3 s keeps its claim, so the event is neither claimed again nor published
+// twice: under leases the relay extends the lease every Lease/3; a held
+// claim (PostgreSQL's default) stays open for at least three times the
+// publish timeout.
 func TestLeaseExtendedWhilePublishing(t *testing.T) {
-	db := testdb.New(t, "postgres")
-	store := db.Store(t)
-	ctx := context.Background()
-	if err := store.RegisterGroup(ctx, "s", relay.DefaultGroup); err != nil {
-		t.Fatal(err)
-	}
-	enqueue(t, db, store, events(5)...)
-	pub := newRecordingPublisher("e1")
-	w, err := relay.NewWatermill(store, pub, relay.WatermillConfig{Config: relay.Config{Streams: []string{"s"}, Window: 4,
-		Lease: time.Second, PollInterval: 20 * time.Millisecond}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runUntil(t, w.Run, delivered(t, db, 5))
-	if n := pub.count("e1"); n != 1 {
-		t.Errorf("the slow event was published %d times, want 1", n)
-	}
-	if n := db.Count(t, "SELECT count(*) FROM millpond_outbox WHERE consumer_group = 'relay' AND attempts <> 1"); n != 0 {
-		t.Errorf("%d events were claimed more than once", n)
+	for _, useLeases := range []bool{true, false} {
+		t.Run(map[bool]string{true: "Leases", false: "Held"}[useLeases], func(t *testing.T) {
+			t.Parallel()
+			db := testdb.New(t, "postgres")
+			store := db.Store(t)
+			ctx := context.Background()
+			if err := store.RegisterGroup(ctx, "s", relay.DefaultGroup); err != nil {
+				t.Fatal(err)
+			}
+			enqueue(t, db, store, events(5)...)
+			pub := newRecordingPublisher("e1")
+			w, err := relay.NewWatermill(store, pub, relay.WatermillConfig{Config: relay.Config{Streams: []string{"s"}, Window: 4,
+				Lease: time.Second, PollInterval: 20 * time.Millisecond, UseLeases: useLeases}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runUntil(t, w.Run, delivered(t, db, 5))
+			if n := pub.count("e1"); n != 1 {
+				t.Errorf("the slow event was published %d times, want 1", n)
+			}
+			if n := db.Count(t, "SELECT count(*) FROM millpond_outbox WHERE consumer_group = 'relay' AND attempts <> 1"); n != 0 {
+				t.Errorf("%d events were claimed more than once", n)
+			}
+		})
 	}
 }
 
@@ -185,7 +192,8 @@ func TestIdleRelayWokenByNotification(t *testing.T) {
 // events are published before a whole batch is claimed: with Window 512
 // the first claim takes 32 events, and over a backlog of 224 (32 + 64 +
 // 128) no claim takes more than 128, never the BatchSize. (The rows of one
-// claim share their lease's expiry, which tells the claims apart.)
+// claim share their lease's expiry, or on PostgreSQL, whose claims are
+// held, their delivery time, which tells the claims apart.)
 func TestClaimsRampUpOverABacklog(t *testing.T) {
 	for _, dialect := range testdb.Dialects {
 		t.Run(dialect, func(t *testing.T) {
@@ -205,9 +213,13 @@ func TestClaimsRampUpOverABacklog(t *testing.T) {
 			}
 			runUntil(t, w.Run, delivered(t, db, backlog))
 			const rows = "FROM millpond_outbox WHERE consumer_group = 'relay'"
-			first := db.Count(t, "SELECT count(*) "+rows+" AND available_at = (SELECT available_at "+rows+" ORDER BY id LIMIT 1)")
-			claims := db.Count(t, "SELECT count(DISTINCT available_at) "+rows)
-			largest := db.Count(t, "SELECT max(n) FROM (SELECT count(*) AS n "+rows+" GROUP BY available_at) c")
+			col := "available_at"
+			if dialect == "postgres" {
+				col = "delivered_at"
+			}
+			first := db.Count(t, "SELECT count(*) "+rows+" AND "+col+" = (SELECT "+col+" "+rows+" ORDER BY id LIMIT 1)")
+			claims := db.Count(t, "SELECT count(DISTINCT "+col+") "+rows)
+			largest := db.Count(t, "SELECT max(n) FROM (SELECT count(*) AS n "+rows+" GROUP BY "+col+") c")
 			if first != 32 || claims != 3 || largest != 128 {
 				t.Errorf("the first claim took %d events, %d claims the largest %d; want 32, 3 (32, 64, 128), 128", first, claims, largest)
 			}
@@ -230,5 +242,67 @@ func TestRunRefusesAnOutdatedSchema(t *testing.T) {
 	defer cancel()
 	if err := w.Run(ctx); !errors.Is(err, outbox.ErrSchemaOutdated) || !strings.Contains(err.Error(), "millpond_deliveries.key_released") {
 		t.Fatalf("Run = %v, want ErrSchemaOutdated naming the missing column", err)
+	}
+}
+
+// TestHeldClaimsOnPostgres: on PostgreSQL a relay holds the batch it
+// publishes in a transaction (outbox.Store.ClaimHeld): while a publish is
+// in flight its events' rows are unchanged (pending, no attempt counted)
+// yet no other claim can take them, and each is written once, delivered at
+// its first attempt. With UseLeases they are claimed under leases
+// (processing) as on other databases.
+func TestHeldClaimsOnPostgres(t *testing.T) {
+	for _, useLeases := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Held", true: "Leases"}[useLeases], func(t *testing.T) {
+			t.Parallel()
+			db := testdb.New(t, "postgres")
+			store := db.Store(t)
+			ctx := context.Background()
+			if err := store.RegisterGroup(ctx, "s", relay.DefaultGroup); err != nil {
+				t.Fatal(err)
+			}
+			enqueue(t, db, store, events(5)...)
+			pub := newRecordingPublisher("e0")
+			w, err := relay.NewWatermill(store, pub, relay.WatermillConfig{Config: relay.Config{Streams: []string{"s"}, Window: 1,
+				PollInterval: 20 * time.Millisecond, UseLeases: useLeases}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runCtx, stop := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- w.Run(runCtx) }()
+			for deadline := time.Now().Add(10 * time.Second); pub.started.Load() == 0; {
+				if time.Now().After(deadline) {
+					t.Fatal("the first publish did not start")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			processing := db.Count(t, "SELECT count(*) FROM millpond_outbox WHERE consumer_group = 'relay' AND status = 'processing'")
+			other, err := store.Claim(ctx, outbox.ClaimRequest{Stream: "s", Group: relay.DefaultGroup, Worker: "other", Limit: 10,
+				Lease: time.Minute, MaxAttempts: 5})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(other) != 0 {
+				t.Errorf("another claim took %d events the relay held", len(other))
+			}
+			switch {
+			case !useLeases && processing != 0:
+				t.Errorf("held claims: %d rows processing while the batch was published, want none written", processing)
+			case useLeases && processing == 0:
+				t.Error("UseLeases: no row processing while the batch was published")
+			}
+			close(pub.release)
+			for deadline := time.Now().Add(20 * time.Second); db.Count(t, "SELECT count(*) FROM millpond_outbox WHERE consumer_group = 'relay' AND status = 'delivered' AND attempts = 1") != 5; {
+				if time.Now().After(deadline) {
+					t.Fatal("the 5 events were not all delivered at their first attempt")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			stop()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"strconv"
@@ -36,6 +37,10 @@ func TestHeldClaim(t *testing.T) {
 	t.Run("Refusals", func(t *testing.T) {
 		t.Parallel()
 		testHeldRefusals(t, newEnv(t, "postgres", false))
+	})
+	t.Run("ClaimContextEndsBeforeSettle", func(t *testing.T) {
+		t.Parallel()
+		testHeldClaimContext(t, newEnv(t, "postgres", false))
 	})
 	t.Run("IdleHolderIsEnded", func(t *testing.T) {
 		t.Parallel()
@@ -208,6 +213,37 @@ func testHeldRefusals(t *testing.T, e *env) {
 	if _, _, err := e.s.ClaimHeld(e.ctx, bad); !errors.Is(err, outbox.ErrInvalidBatch) {
 		t.Fatalf("held claim of limit 0: want ErrInvalidBatch, got %v", err)
 	}
+}
+
+// testHeldClaimContext: the claim's context bounds the claim only; the
+// held claim stays open after it ends, and Settle's context bounds Settle.
+func testHeldClaimContext(t *testing.T, e *env) {
+	id := e.enqueue(event("s", "a")).ID
+	ctx, cancel := context.WithCancel(e.ctx)
+	h, cs, err := e.s.ClaimHeld(ctx, claimReq("s", 10, time.Minute, 5))
+	cancel()
+	if err != nil || len(cs) != 1 {
+		t.Fatalf("held claim: %d events, %v", len(cs), err)
+	}
+	t.Cleanup(func() { _ = h.Abort() })
+	done, cancelled := context.WithCancel(e.ctx)
+	cancelled()
+	if _, err := h.Settle(done, []int64{id}, nil); err == nil {
+		t.Fatal("settle with an ended context: want an error")
+	}
+	e.expectRow(id, outbox.StatusPending, 0)
+	id2 := e.enqueue(event("s", "b")).ID
+	ctx, cancel = context.WithCancel(e.ctx)
+	h, cs, err = e.s.ClaimHeld(ctx, claimReq("s", 10, time.Minute, 5))
+	cancel()
+	if err != nil || len(cs) != 2 {
+		t.Fatalf("second held claim: %d events, %v", len(cs), err)
+	}
+	if _, err := h.Settle(e.ctx, []int64{id, id2}, nil); err != nil {
+		t.Fatalf("settle after the claim's context ended: %v", err)
+	}
+	e.expectRow(id, outbox.StatusDelivered, 1)
+	e.expectRow(id2, outbox.StatusDelivered, 1)
 }
 
 // testHeldIdle: a holder idle for longer than its lease loses its claim.

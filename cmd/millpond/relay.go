@@ -46,7 +46,8 @@ func cmdRelay(e *env, args []string) error {
 	group := fs.String("group", relay.DefaultGroup, "the relay's consumer group")
 	window := fs.Int("window", relay.DefaultWindow, "publishes in flight per stream")
 	batch := fs.Int("batch", relay.DefaultBatchSize, "events claimed at once (at most 1000)")
-	lease := fs.Duration("lease", relay.DefaultLease, "claim lease")
+	lease := fs.Duration("lease", relay.DefaultLease, "claim lease (held claims on PostgreSQL: the longest a held batch may stay idle, at least 3x the publish timeout)")
+	useLeases := fs.Bool("use-leases", false, "on PostgreSQL, claim under leases instead of holding each batch in a transaction")
 	maxBackoff := fs.Duration("max-backoff", relay.DefaultMaxBackoff, "longest retry delay after a failed publish")
 	publishTimeout := fs.Duration("publish-timeout", relay.DefaultPublishTimeout, "wait for a PubAck at most this long")
 	closeTimeout := fs.Duration("close-timeout", relay.DefaultCloseTimeout, "on stop, wait this long for publishes in flight")
@@ -89,7 +90,7 @@ func cmdRelay(e *env, args []string) error {
 	cfg := relay.JetStreamConfig{
 		Config: relay.Config{
 			Streams: strings.Split(*streams, ","), Group: *group, Window: *window, BatchSize: *batch,
-			Lease: *lease, MaxBackoff: *maxBackoff, PublishTimeout: *publishTimeout,
+			Lease: *lease, UseLeases: *useLeases, MaxBackoff: *maxBackoff, PublishTimeout: *publishTimeout,
 			CloseTimeout: *closeTimeout, PollInterval: *poll, Logger: logger,
 		},
 		Stream: *jsStream, SubjectPrefix: *prefix, SubjectTemplate: *template,

@@ -63,6 +63,10 @@ type Held struct {
 	mu   sync.Mutex
 	tx   Tx
 	rows map[int64]string // id -> ordering key
+	// end cancels the transaction's context: a transaction keeps the
+	// context it began with (for its commit too), so it begins with one
+	// that outlives the claim's and that Settle's ends early.
+	end context.CancelFunc
 }
 
 // ClaimHeld takes up to req.Limit due events, oldest first, as Claim does,
@@ -79,16 +83,26 @@ func (c *Core) ClaimHeld(ctx context.Context, req ClaimRequest) (*Held, []Claime
 	if c.dialect != Postgres {
 		return nil, nil, fmt.Errorf("held claims need PostgreSQL, not %s: %w", c.dialect, errors.ErrUnsupported)
 	}
-	tx, err := c.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	txCtx, end := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, end)
+	tx, err := c.db.BeginTx(txCtx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if !stop() { // ctx ended while the transaction began
+		if err == nil {
+			_ = tx.Rollback()
+		}
+		return nil, nil, context.Cause(ctx)
+	}
 	if err != nil {
+		end()
 		return nil, nil, err
 	}
 	out, err := c.claimHeld(ctx, tx, req)
 	if err != nil || len(out) == 0 {
 		_ = tx.Rollback()
+		end()
 		return nil, nil, err
 	}
-	h := &Held{c: c, req: req, tx: tx, rows: make(map[int64]string, len(out))}
+	h := &Held{c: c, req: req, tx: tx, end: end, rows: make(map[int64]string, len(out))}
 	for _, cl := range out {
 		h.rows[cl.ID] = cl.OrderingKey
 	}
@@ -162,6 +176,9 @@ func (h *Held) Settle(ctx context.Context, delivered, lease []int64) ([]Receipt,
 	}
 	tx := h.tx
 	h.tx = nil
+	defer h.end()
+	stop := context.AfterFunc(ctx, h.end) // ctx bounds the commit too
+	defer stop()
 	receipts, err := h.settle(ctx, tx, delivered, lease)
 	if err != nil {
 		_ = tx.Rollback()
@@ -250,5 +267,6 @@ func (h *Held) Abort() error {
 	}
 	tx := h.tx
 	h.tx = nil
+	defer h.end()
 	return tx.Rollback()
 }
