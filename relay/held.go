@@ -9,7 +9,8 @@ import (
 
 // maxHeldClaims is the most held claims (batches) a pipeline keeps open at
 // once: one being published while the next is claimed and waits. Each
-// keeps a pooled connection until its last publish is confirmed.
+// keeps a pooled connection until its last publish is confirmed, and holds
+// at most Window events.
 const maxHeldClaims = 2
 
 // heldBatch is one held claim (outbox.Store.ClaimHeld) on its way through
@@ -103,9 +104,10 @@ func (p *pipeline) endHeld() {
 // leases the failed ones (whose failures are then recorded as a leased
 // claim's are) and leaves the others due.
 func (p *pipeline) settleHeld(hb *heldBatch) {
-	defer p.freeSlot()
 	if len(hb.delivered) == 0 && len(hb.failed) == 0 {
-		if err := hb.claim.Abort(); err != nil {
+		err := hb.claim.Abort()
+		p.freeSlot()
+		if err != nil {
 			p.r.cfg.Logger.Error("relay: could not end a held claim; its events are due again when the database ends it", "error", err.Error())
 		}
 		p.bound.drop() // its events are due below the claims' bound
@@ -118,6 +120,7 @@ func (p *pipeline) settleHeld(hb *heldBatch) {
 	ctx, cancel := context.WithTimeout(context.Background(), max(p.r.cfg.Lease/2, 5*time.Second))
 	rs, err := hb.claim.Settle(ctx, hb.delivered, lease)
 	cancel()
+	p.freeSlot() // the transaction ended: the failures below are leased claims
 	if err != nil {
 		p.r.cfg.Logger.Error("relay: could not acknowledge published events; they will be published again (and dropped as duplicates)",
 			"error", err.Error(), "events", len(hb.delivered))

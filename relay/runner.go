@@ -92,10 +92,12 @@ type Config struct {
 	// the claim and again at its acknowledgement; if the relay dies, its
 	// events are due again at once instead of when their leases expire, and
 	// the attempt is not counted. A held batch keeps one pooled connection
-	// until its last publish is confirmed (at most two batches per stream),
-	// and the database ends a held batch's transaction that stays idle
-	// longer than Lease (at least three times PublishTimeout): its events
-	// are then published again, and dropped as duplicates.
+	// until its last publish is confirmed. At most two held batches per
+	// stream are open at once, each of at most Window events (so a
+	// BatchSize below Window/2 leaves part of the window unused), and the
+	// database ends a held batch's transaction that stays idle longer than
+	// Lease (at least three times PublishTimeout): its events are then
+	// published again, and dropped as duplicates.
 	UseLeases bool
 	// DeadLetterPolicy is the group's policy for a dead-lettered event
 	// with an ordering key (default outbox.DeadLetterHold; strict mode
@@ -570,8 +572,13 @@ func (p *pipeline) claimLoop(lead bool) {
 			}
 		}
 		limit := int(p.ramp.Load())
-		if p.r.held && !p.takeSlot() {
-			return
+		if p.r.held {
+			// A held batch fits the window, so that it is published in one
+			// go and its transaction stays open about one publish round.
+			limit = min(limit, p.r.cfg.Window)
+			if !p.takeSlot() {
+				return
+			}
 		}
 		ctx, cancel := p.opCtx()
 		began := time.Now()

@@ -263,7 +263,7 @@ func TestHeldClaimsOnPostgres(t *testing.T) {
 			}
 			enqueue(t, db, store, events(5)...)
 			pub := newRecordingPublisher("e0")
-			w, err := relay.NewWatermill(store, pub, relay.WatermillConfig{Config: relay.Config{Streams: []string{"s"}, Window: 1,
+			w, err := relay.NewWatermill(store, pub, relay.WatermillConfig{Config: relay.Config{Streams: []string{"s"}, Window: 5,
 				PollInterval: 20 * time.Millisecond, UseLeases: useLeases}})
 			if err != nil {
 				t.Fatal(err)
@@ -304,5 +304,51 @@ func TestHeldClaimsOnPostgres(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// TestStopSettlesHeldBatchWithoutUnconfirmed: a relay with held claims
+// stopped while a publish stays unconfirmed past CloseTimeout settles its
+// batch without that event: the confirmed events are delivered, the
+// unconfirmed one and the batch waiting behind it are left due, unchanged
+// (pending, no attempt counted), and Run returns without waiting for the
+// slow publish.
+func TestStopSettlesHeldBatchWithoutUnconfirmed(t *testing.T) {
+	db := testdb.New(t, "postgres")
+	store := db.Store(t)
+	ctx := context.Background()
+	if err := store.RegisterGroup(ctx, "s", relay.DefaultGroup); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, db, store, events(5)...)
+	pub := newRecordingPublisher("e0") // held for 3 s
+	w, err := relay.NewWatermill(store, pub, relay.WatermillConfig{Config: relay.Config{Streams: []string{"s"}, Window: 4,
+		CloseTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(runCtx) }()
+	for deadline := time.Now().Add(10 * time.Second); pub.started.Load() == 0 || pub.count("e1")+pub.count("e2")+pub.count("e3") < 3; {
+		if time.Now().After(deadline) {
+			t.Fatal("the first batch was not published")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	stopped := time.Now()
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(stopped); took > 2*time.Second {
+		t.Errorf("Run returned %v after the stop, want about the close timeout", took)
+	}
+	const rows = "SELECT count(*) FROM millpond_outbox WHERE consumer_group = 'relay' AND "
+	if n := db.Count(t, rows+"event_key IN ('e1', 'e2', 'e3') AND status = 'delivered' AND attempts = 1"); n != 3 {
+		t.Errorf("%d of the 3 confirmed events delivered", n)
+	}
+	if n := db.Count(t, rows+"event_key IN ('e0', 'e4') AND status = 'pending' AND attempts = 0"); n != 2 {
+		t.Errorf("%d of the unconfirmed and the unpublished event left pending and unchanged, want 2", n)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/millpond/millpond/internal/testdb"
 	"github.com/millpond/millpond/outbox"
 )
 
@@ -37,6 +36,14 @@ func TestHeldClaim(t *testing.T) {
 	t.Run("Refusals", func(t *testing.T) {
 		t.Parallel()
 		testHeldRefusals(t, newEnv(t, "postgres", false))
+	})
+	t.Run("FailedHeadKeepsItsKey", func(t *testing.T) {
+		t.Parallel()
+		testHeldFailedHead(t, newEnv(t, "postgres", false))
+	})
+	t.Run("ExhaustedEventsAreDeadLettered", func(t *testing.T) {
+		t.Parallel()
+		testHeldExhausted(t, newEnv(t, "postgres", true))
 	})
 	t.Run("ClaimContextEndsBeforeSettle", func(t *testing.T) {
 		t.Parallel()
@@ -215,6 +222,71 @@ func testHeldRefusals(t *testing.T, e *env) {
 	}
 }
 
+// testHeldFailedHead: a held head of an ordering key whose publish failed
+// is leased, then failed: it is retried later and its key's next event
+// stays blocked behind it.
+func testHeldFailedHead(t *testing.T, e *env) {
+	var ordered []int64
+	for i := range 2 {
+		ev := event("s", "o"+strconv.Itoa(i))
+		ev.OrderingKey = "order-1"
+		ordered = append(ordered, e.enqueue(ev).ID)
+	}
+	req := claimReq("s", 10, time.Minute, 5)
+	h, cs := e.claimHeld(req)
+	if got := ids(cs); !slices.Equal(got, ordered[:1]) {
+		t.Fatalf("held claim: want the head %d, got %v", ordered[0], got)
+	}
+	rs, err := h.Settle(e.ctx, nil, ordered[:1])
+	if err != nil || len(rs) != 1 {
+		t.Fatalf("settle the failed head: %v, %v", rs, err)
+	}
+	e.expectRow(ordered[0], outbox.StatusProcessing, 1)
+	if _, err := e.s.Fail(e.ctx, rs[0], outbox.Failure{Reason: "broker down", MaxAttempts: 5, RetryDelay: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	e.expectRow(ordered[0], outbox.StatusPending, 1)
+	e.expectRow(ordered[1], outbox.StatusBlocked, 0)
+	e.expectNothingDue(req) // the head waits out its delay; its successor waits for it
+}
+
+// testHeldExhausted: a due event whose attempts are used up (its last
+// lease expired) is dead-lettered by a held claim, as by a leased one, not
+// handed out again.
+func testHeldExhausted(t *testing.T, e *env) {
+	a := e.enqueue(event("s", "a")).ID
+	req := claimReq("s", 10, time.Minute, 1)
+	if got := e.claim(req); len(got) != 1 {
+		t.Fatalf("leased claim: want 1 event, got %d", len(got))
+	}
+	e.clock.Advance(2 * time.Minute) // the lease expires after the only attempt
+	h, cs := e.claimHeld(req)
+	if h != nil || len(cs) != 0 {
+		t.Fatalf("held claim of an exhausted event: want nothing held, got %v", ids(cs))
+	}
+	e.expectRow(a, outbox.StatusDead, 1)
+	if r := e.row(a); r.LastError != "lease expired after the final attempt" {
+		t.Fatalf("dead letter: want the lease's expiry as its error, got %q", r.LastError)
+	}
+	b := e.enqueue(event("s", "b")).ID
+	if got := e.claim(req); len(got) != 1 || got[0].ID != b {
+		t.Fatalf("leased claim of b: %v", ids(got))
+	}
+	e.clock.Advance(2 * time.Minute)
+	c := e.enqueue(event("s", "c")).ID
+	h, cs = e.claimHeld(req)
+	if got := ids(cs); !slices.Equal(got, []int64{c}) {
+		t.Fatalf("held claim: want only %d (%d dead-lettered), got %v", c, b, got)
+	}
+	// The dead letter is written in the held claim's transaction: it
+	// commits with the settle.
+	if _, err := h.Settle(e.ctx, []int64{c}, nil); err != nil {
+		t.Fatal(err)
+	}
+	e.expectRow(b, outbox.StatusDead, 1)
+	e.expectRow(c, outbox.StatusDelivered, 1)
+}
+
 // testHeldClaimContext: the claim's context bounds the claim only; the
 // held claim stays open after it ends, and Settle's context bounds Settle.
 func testHeldClaimContext(t *testing.T, e *env) {
@@ -228,8 +300,8 @@ func testHeldClaimContext(t *testing.T, e *env) {
 	t.Cleanup(func() { _ = h.Abort() })
 	done, cancelled := context.WithCancel(e.ctx)
 	cancelled()
-	if _, err := h.Settle(done, []int64{id}, nil); err == nil {
-		t.Fatal("settle with an ended context: want an error")
+	if _, err := h.Settle(done, []int64{id}, nil); !errors.Is(err, context.Canceled) {
+		t.Fatalf("settle with an ended context: want context.Canceled, got %v", err)
 	}
 	e.expectRow(id, outbox.StatusPending, 0)
 	id2 := e.enqueue(event("s", "b")).ID
@@ -254,9 +326,19 @@ func testHeldIdle(t *testing.T, e *env) {
 	if len(cs) != 1 {
 		t.Fatalf("held claim: want 1 event, got %d", len(cs))
 	}
-	time.Sleep(outbox.MinLease + 500*time.Millisecond)
-	if got := e.claim(claimReq("s", 10, time.Minute, 5)); len(got) != 1 || got[0].ID != id {
-		t.Fatalf("claim after the holder idled past its lease: want event %d, got %v", id, ids(got))
+	began := time.Now()
+	for {
+		got := e.claim(claimReq("s", 10, time.Minute, 5))
+		if len(got) == 1 && got[0].ID == id {
+			break
+		}
+		if len(got) != 0 || time.Since(began) > 10*time.Second {
+			t.Fatalf("claim while the holder idled: want event %d once its lease passed, got %v", id, ids(got))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if waited := time.Since(began); waited < outbox.MinLease-100*time.Millisecond {
+		t.Fatalf("the idle holder lost its claim after %v, before its lease of %v", waited, outbox.MinLease)
 	}
 	if _, err := h.Settle(e.ctx, []int64{id}, nil); err == nil {
 		t.Fatal("settle of a claim the database ended: want an error")
@@ -301,5 +383,3 @@ WHERE l.relation = 'millpond_deliveries'::regclass AND l.mode = 'RowShareLock' A
 		t.Fatal("settle of a claim whose session died: want an error")
 	}
 }
-
-var _ = testdb.Dialects

@@ -37,9 +37,15 @@ const (
   ORDER BY id + 0 LIMIT @limit
   FOR UPDATE SKIP LOCKED
 )
-SELECT d.id, e.event_key, e.event_kind, e.payload, e.metadata, d.attempts + 1, e.created_at, d.ordering_key, d.ordering_seq, d.status = 'processing'
+SELECT d.id, e.event_key, e.event_kind, e.payload, e.metadata, d.attempts + 1, e.created_at, d.ordering_key, d.ordering_seq, d.status = 'processing',
+  ` + "(d.attempts >= @max AND (@hold OR d.ordering_key = ''))" + `
 FROM millpond_deliveries d JOIN millpond_events e ON e.id = d.event_id
 WHERE d.id = ANY(ARRAY(SELECT id FROM due))`
+	// Due rows whose attempts are used up (a leased claim's lease expired
+	// after the final attempt) are dead-lettered as a leased claim does.
+	heldDeadPG = `UPDATE millpond_deliveries SET status = 'dead_letter', settled = true, claim_key = '', claimed_by = @worker,
+  last_error = CASE WHEN status = 'processing' THEN '` + lastErrorLeaseExpired + `' ELSE last_error END
+WHERE id = ANY(@ids::BIGINT[])`
 	// The delivered rows without an ordering key: marked as an
 	// acknowledgement marks them, with the attempt counted and the worker
 	// named as a claim would have.
@@ -119,6 +125,7 @@ func (c *Core) claimHeld(ctx context.Context, tx Tx, req ClaimRequest) ([]Claime
 	q := c.stmts.claimHeld
 	rows, err := tx.QueryContext(ctx, q.text, q.args(map[string]any{
 		"stream": req.Stream, "group": req.Group, "limit": req.Limit, "now": c.nowArg(), "after": req.After,
+		"max": req.MaxAttempts, "hold": req.DeadLetterPolicy == DeadLetterHold,
 	})...)
 	if err != nil {
 		return nil, err
@@ -129,11 +136,17 @@ func (c *Core) claimHeld(ctx context.Context, tx Tx, req ClaimRequest) ([]Claime
 	var cl Claimed
 	var md string
 	var created int64
-	dest := []any{&cl.ID, &cl.Key, &cl.Kind, &cl.Payload, &md, &cl.Attempts, &created, &cl.OrderingKey, &cl.OrderingSeq, &cl.Reclaimed}
+	var exhausted bool
+	var dead []int64
+	dest := []any{&cl.ID, &cl.Key, &cl.Kind, &cl.Payload, &md, &cl.Attempts, &created, &cl.OrderingKey, &cl.OrderingSeq, &cl.Reclaimed, &exhausted}
 	for rows.Next() {
 		cl = Claimed{}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, err
+		}
+		if exhausted {
+			dead = append(dead, cl.ID)
+			continue
 		}
 		cl.Stream, cl.Group = req.Stream, req.Group
 		if cl.Metadata, err = decodeMetadata(md); err != nil {
@@ -147,6 +160,16 @@ func (c *Core) claimHeld(ctx context.Context, tx Tx, req ClaimRequest) ([]Claime
 	}
 	if err := rows.Close(); err != nil {
 		return nil, err
+	}
+	if len(dead) > 0 {
+		q := c.stmts.heldDead
+		if _, err := tx.ExecContext(ctx, q.text, q.args(map[string]any{"ids": dead, "worker": req.Worker})...); err != nil {
+			return nil, err
+		}
+		if len(out) == 0 {
+			// Nothing to hold: the dead letters commit on their own.
+			return nil, tx.Commit()
+		}
 	}
 	slices.SortFunc(out, byID)
 	return out, nil

@@ -86,6 +86,7 @@ type statements struct {
 	claimHeld   query // lock due rows, read them with their content
 	heldDeliver query // settle delivered rows without an ordering key ({ids} as an array)
 	heldLease   query // make held rows ordinary leased claims
+	heldDead    query // dead-letter due rows whose attempts are used up
 
 	migrationsDDL string
 	appliedSQL    string
@@ -366,7 +367,7 @@ WHERE d.id = @id AND d.stream = @stream AND d.consumer_group = '' AND d.status =
 FROM millpond_deliveries src WHERE src.id = @id`
 	switch d {
 	case Postgres:
-		s.claimHeld, s.heldLease = c(heldClaimPG), c(heldLeasePG)
+		s.claimHeld, s.heldLease, s.heldDead = c(heldClaimPG), c(heldLeasePG), c(heldDeadPG)
 		s.heldDeliver = c(heldDeliverPG)
 		if deleteOnAck {
 			s.heldDeliver = c(heldDeletePG)
