@@ -31,7 +31,8 @@
 // JetStream drops the second copy when it arrives within the stream's
 // duplicate window, and answers with a PubAck marked Duplicate, which the
 // relay counts as success. The window must be at least
-// Config.RequiredDuplicateWindow (lease + longest retry delay + publish
+// Config.RequiredDuplicateWindow (the lease, or with held claims the
+// longest a held batch may stay open, + longest retry delay + publish
 // timeout); New refuses a stream with a shorter one
 // (ErrDuplicateWindowTooShort).
 //

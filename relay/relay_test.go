@@ -93,12 +93,23 @@ func TestBadConfigurationFailsAtStart(t *testing.T) {
 	cfg = base
 	cfg.SubjectPrefix = prefix + "-short"
 	_, err := relay.NewJetStream(ctx, store, nc, cfg)
-	if !errors.Is(err, relay.ErrDuplicateWindowTooShort) || !strings.Contains(err.Error(), "at least 50s") {
-		t.Errorf("short window: %v, want ErrDuplicateWindowTooShort naming 50s", err)
+	if !errors.Is(err, relay.ErrDuplicateWindowTooShort) || !strings.Contains(err.Error(), "at least 1m0s") {
+		t.Errorf("short window: %v, want ErrDuplicateWindowTooShort naming 1m0s", err)
 	}
+	// Held claims (PostgreSQL): a held batch may stay open for four publish
+	// timeouts, 20 s here: 30 s needed.
 	cfg.Lease, cfg.MaxBackoff, cfg.PublishTimeout = 5*time.Second, 5*time.Second, 5*time.Second
+	if _, err := relay.NewJetStream(ctx, store, nc, cfg); !errors.Is(err, relay.ErrDuplicateWindowTooShort) || !strings.Contains(err.Error(), "at least 30s") {
+		t.Errorf("held claims, short window: %v, want ErrDuplicateWindowTooShort naming 30s", err)
+	}
+	cfg.UseLeases = true
 	if _, err := relay.NewJetStream(ctx, store, nc, cfg); err != nil {
-		t.Errorf("15 s needed, 20 s window: %v", err)
+		t.Errorf("leased claims: 15 s needed, 20 s window: %v", err)
+	}
+	cfg.UseLeases = false
+	cfg.PublishTimeout = 2 * time.Second
+	if _, err := relay.NewJetStream(ctx, store, nc, cfg); err != nil {
+		t.Errorf("held claims: 15 s needed, 20 s window: %v", err)
 	}
 	cfg.Strict = true
 	cfg.Lease = time.Minute

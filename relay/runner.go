@@ -64,7 +64,7 @@ type Config struct {
 	// Lease is the claim lease (default 30 s), extended every Lease/3 until
 	// the event is settled. A held claim (PostgreSQL, see UseLeases) has no
 	// lease to extend: the database ends its transaction when it stays idle
-	// longer than Lease, or three times PublishTimeout if that is longer.
+	// longer than Lease, or four times PublishTimeout if that is longer.
 	Lease time.Duration
 	// MaxAttempts dead-letters an event after this many failed publishes
 	// (default outbox.MaxAttempts).
@@ -96,7 +96,7 @@ type Config struct {
 	// stream are open at once, each of at most Window events (so a
 	// BatchSize below Window/2 leaves part of the window unused), and the
 	// database ends a held batch's transaction that stays idle longer than
-	// Lease (at least three times PublishTimeout): its events are then
+	// Lease (at least four times PublishTimeout): its events are then
 	// published again, and dropped as duplicates.
 	UseLeases bool
 	// DeadLetterPolicy is the group's policy for a dead-lettered event
@@ -200,24 +200,36 @@ func (c *Config) validate() error {
 }
 
 // heldIdle is the longest a held claim's transaction may stay idle before
-// the database ends it: Lease, but at least three times PublishTimeout (a
-// batch may wait for the window while the previous one's publishes time
-// out, then time out itself), at most outbox.MaxLease.
+// the database ends it: Lease, but at least (maxHeldClaims+1) times
+// PublishTimeout, at most outbox.MaxLease. A held batch is claimed while up
+// to maxHeldClaims-1 earlier batches (each at most Window events, one
+// publish round) are still being published; if their publishes time out,
+// it waits for each of them, then times out itself.
 func (c *Config) heldIdle() time.Duration {
-	return min(max(c.Lease, 3*c.PublishTimeout), outbox.MaxLease)
+	return min(max(c.Lease, (maxHeldClaims+1)*c.PublishTimeout), outbox.MaxLease)
 }
 
 // RequiredDuplicateWindow is the shortest JetStream duplicate window that
 // drops every re-publication after one interruption of the relay: a crash
 // after the PubAck and before the outbox acknowledgement re-publishes the
 // event when its lease expires (at most Lease after its last extension,
-// itself at most PublishTimeout after the publish); a publish whose PubAck
-// was lost (timeout, broker restart) is retried after at most MaxBackoff.
-// Repeated interruptions, or a broker outage longer than the margin, can
-// re-publish an event later than this; strict mode has no such window.
+// itself at most PublishTimeout after the publish) or, with held claims
+// (PostgreSQL unless UseLeases), at once, but a held batch whose
+// transaction the database ended re-publishes its events up to the held
+// batch's idle limit (Lease, at least four times PublishTimeout) after
+// their claim; a publish whose PubAck was lost (timeout, broker restart)
+// is retried after at most MaxBackoff. So: the longer of Lease and that
+// limit (the lease's when UseLeases), plus MaxBackoff and PublishTimeout;
+// 60 s by default. Repeated interruptions, or a broker outage longer than
+// the margin, can re-publish an event later than this; strict mode has no
+// such window.
 func (c Config) RequiredDuplicateWindow() time.Duration {
 	c.setDefaults()
-	return c.Lease + c.MaxBackoff + c.PublishTimeout
+	hold := c.Lease
+	if !c.UseLeases {
+		hold = max(hold, c.heldIdle())
+	}
+	return hold + c.MaxBackoff + c.PublishTimeout
 }
 
 // backoff is the retry delay after the given failed attempt.
