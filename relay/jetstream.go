@@ -56,6 +56,23 @@ type JetStreamConfig struct {
 	Strict bool
 }
 
+// DefaultJetStreamWindow is the JetStream relay's default Config.Window
+// (other relays default to DefaultWindow): JetStream confirms asynchronous
+// publishes in bulk, and in the relay bench (PostgreSQL, held claims) the
+// relay delivered about 1.5 times as much with a window of 1000 as with
+// 256 (a bare publish loop about 1.1 times): a held batch holds at most a
+// window of events.
+const DefaultJetStreamWindow = outbox.MaxBatch
+
+// setJetStreamDefaults is Config.setDefaults with the JetStream relay's
+// default window.
+func (c *JetStreamConfig) setJetStreamDefaults() {
+	if c.Window == 0 {
+		c.Window = DefaultJetStreamWindow
+	}
+	c.setDefaults()
+}
+
 // JetStream relays outbox events to a NATS JetStream stream. Create it with
 // NewJetStream and run it with Run.
 type JetStream struct {
@@ -110,7 +127,7 @@ func NewJetStream(ctx context.Context, store *outbox.Store, nc *nats.Conn, cfg J
 	if store == nil || nc == nil {
 		return nil, fmt.Errorf("%w: nil store or NATS connection", ErrInvalidConfig)
 	}
-	cfg.setDefaults()
+	cfg.setJetStreamDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -204,7 +221,7 @@ func (r *JetStream) checkStream(ctx context.Context) error {
 	r.cfg.Stream = name
 	r.window = stream.CachedInfo().Config.Duplicates
 	if need := r.cfg.RequiredDuplicateWindow(); !r.cfg.Strict && r.window < need {
-		return fmt.Errorf("%w: stream %q drops repeated message ids for %s, the relay needs at least %s (lease %s + longest retry delay %s + publish timeout %s): raise the stream's Duplicates, shorten those, or use strict mode",
+		return fmt.Errorf("%w: stream %q drops repeated message ids for %s, the relay needs at least %s (lease %s, or a held batch's limit of four publish timeouts unless UseLeases, + longest retry delay %s + publish timeout %s): raise the stream's Duplicates, shorten those, or use strict mode",
 			ErrDuplicateWindowTooShort, name, r.window, need, r.cfg.Lease, r.cfg.MaxBackoff, r.cfg.PublishTimeout)
 	}
 	return nil

@@ -65,3 +65,24 @@ func TestReusedMessageCarriesNothingOver(t *testing.T) {
 		}
 	}
 }
+
+// TestJetStreamDefaultWindow: the JetStream relay publishes up to
+// DefaultJetStreamWindow (1000) events at once unless told otherwise;
+// other relays keep DefaultWindow.
+func TestJetStreamDefaultWindow(t *testing.T) {
+	var js JetStreamConfig
+	js.setJetStreamDefaults()
+	if js.Window != DefaultJetStreamWindow || DefaultJetStreamWindow != 1000 {
+		t.Fatalf("JetStream relay window %d, want %d (1000)", js.Window, DefaultJetStreamWindow)
+	}
+	js = JetStreamConfig{Config: Config{Window: 64}}
+	js.setJetStreamDefaults()
+	if js.Window != 64 {
+		t.Fatalf("a window set stays: got %d, want 64", js.Window)
+	}
+	var c Config
+	c.setDefaults()
+	if c.Window != DefaultWindow {
+		t.Fatalf("other relays' window %d, want %d", c.Window, DefaultWindow)
+	}
+}

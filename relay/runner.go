@@ -48,7 +48,8 @@ type Config struct {
 	// Kinds limits the relay to these event kinds; empty relays every kind.
 	Kinds []string
 	// Window is the most events of one outbox stream published and not
-	// yet confirmed at once, across keys, 1-outbox.MaxBatch (default 256).
+	// yet confirmed at once, across keys, 1-outbox.MaxBatch (default 256;
+	// the JetStream relay's is DefaultJetStreamWindow, 1000).
 	// A full window takes new publishes again once Window/8 of its
 	// publishes (at least 1, at most 64) are confirmed, in a burst.
 	Window int

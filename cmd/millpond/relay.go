@@ -44,7 +44,7 @@ func cmdRelay(e *env, args []string) error {
 	keyInSubject := fs.Bool("ordering-key-subject", false, "append the ordering key to the default subject")
 	strict := fs.Bool("strict", false, "strict mode: expected last sequence per subject instead of the duplicate window")
 	group := fs.String("group", relay.DefaultGroup, "the relay's consumer group")
-	window := fs.Int("window", relay.DefaultWindow, "publishes in flight per stream")
+	window := fs.Int("window", relay.DefaultJetStreamWindow, "publishes in flight per stream")
 	batch := fs.Int("batch", relay.DefaultBatchSize, "events claimed at once (at most 1000)")
 	lease := fs.Duration("lease", relay.DefaultLease, "claim lease (held claims on PostgreSQL: the longest a held batch may stay idle, at least 3x the publish timeout)")
 	useLeases := fs.Bool("use-leases", false, "on PostgreSQL, claim under leases instead of holding each batch in a transaction")
