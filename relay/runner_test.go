@@ -59,6 +59,20 @@ func (p *recordingPublisher) count(key string) int {
 	return p.got[key]
 }
 
+// relayFixture is a PostgreSQL store with the relay's group registered
+// and n events (e0, e1, ...) of stream s enqueued, and a recording
+// publisher holding the publishes of slow.
+func relayFixture(t *testing.T, n int, slow ...string) (*testdb.Database, *outbox.Store, *recordingPublisher) {
+	t.Helper()
+	db := testdb.New(t, "postgres")
+	store := db.Store(t)
+	if err := store.RegisterGroup(context.Background(), "s", relay.DefaultGroup); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, db, store, events(n)...)
+	return db, store, newRecordingPublisher(slow...)
+}
+
 func events(n int) []outbox.Event {
 	var evs []outbox.Event
 	for i := range n {
@@ -70,20 +84,13 @@ func events(n int) []outbox.Event {
 // TestLeaseExtendedWhilePublishing: with a 1 s lease, a publish that takes
 // 3 s keeps its claim, so the event is neither claimed again nor published
 // twice: under leases the relay extends the lease every Lease/3; a held
-// claim (PostgreSQL's default) stays open for at least three times the
+// claim (PostgreSQL's default) stays open for at least four times the
 // publish timeout.
 func TestLeaseExtendedWhilePublishing(t *testing.T) {
 	for _, useLeases := range []bool{true, false} {
 		t.Run(map[bool]string{true: "Leases", false: "Held"}[useLeases], func(t *testing.T) {
 			t.Parallel()
-			db := testdb.New(t, "postgres")
-			store := db.Store(t)
-			ctx := context.Background()
-			if err := store.RegisterGroup(ctx, "s", relay.DefaultGroup); err != nil {
-				t.Fatal(err)
-			}
-			enqueue(t, db, store, events(5)...)
-			pub := newRecordingPublisher("e1")
+			db, store, pub := relayFixture(t, 5, "e1")
 			w, err := relay.NewWatermill(store, pub, relay.WatermillConfig{Config: relay.Config{Streams: []string{"s"}, Window: 4,
 				Lease: time.Second, PollInterval: 20 * time.Millisecond, UseLeases: useLeases}})
 			if err != nil {
@@ -255,14 +262,8 @@ func TestHeldClaimsOnPostgres(t *testing.T) {
 	for _, useLeases := range []bool{false, true} {
 		t.Run(map[bool]string{false: "Held", true: "Leases"}[useLeases], func(t *testing.T) {
 			t.Parallel()
-			db := testdb.New(t, "postgres")
-			store := db.Store(t)
+			db, store, pub := relayFixture(t, 5, "e0")
 			ctx := context.Background()
-			if err := store.RegisterGroup(ctx, "s", relay.DefaultGroup); err != nil {
-				t.Fatal(err)
-			}
-			enqueue(t, db, store, events(5)...)
-			pub := newRecordingPublisher("e0")
 			w, err := relay.NewWatermill(store, pub, relay.WatermillConfig{Config: relay.Config{Streams: []string{"s"}, Window: 5,
 				PollInterval: 20 * time.Millisecond, UseLeases: useLeases}})
 			if err != nil {
@@ -314,14 +315,8 @@ func TestHeldClaimsOnPostgres(t *testing.T) {
 // (pending, no attempt counted), and Run returns without waiting for the
 // slow publish.
 func TestStopSettlesHeldBatchWithoutUnconfirmed(t *testing.T) {
-	db := testdb.New(t, "postgres")
-	store := db.Store(t)
+	db, store, pub := relayFixture(t, 5, "e0") // e0 held for 3 s
 	ctx := context.Background()
-	if err := store.RegisterGroup(ctx, "s", relay.DefaultGroup); err != nil {
-		t.Fatal(err)
-	}
-	enqueue(t, db, store, events(5)...)
-	pub := newRecordingPublisher("e0") // held for 3 s
 	w, err := relay.NewWatermill(store, pub, relay.WatermillConfig{Config: relay.Config{Streams: []string{"s"}, Window: 4,
 		CloseTimeout: 300 * time.Millisecond, PollInterval: 20 * time.Millisecond}})
 	if err != nil {

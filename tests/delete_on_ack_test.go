@@ -182,11 +182,7 @@ func testDeleteOnAckOrdered(t *testing.T, e *env) {
 }
 
 func keysOfList(cs []outbox.Claimed) []string {
-	out := make([]string, len(cs))
-	for i, c := range cs {
-		out[i] = c.Key
-	}
-	return out
+	return project(cs, func(c outbox.Claimed) string { return c.Key })
 }
 
 func testDeleteOnAckIdempotent(t *testing.T, e *env) {

@@ -89,10 +89,16 @@ func (e *env) claimHeld(req outbox.ClaimRequest) (*outbox.HeldClaim, []outbox.Cl
 	return h, cs
 }
 
+// ids are the claimed events' ids, in order.
 func ids(cs []outbox.Claimed) []int64 {
-	out := make([]int64, len(cs))
+	return project(cs, func(c outbox.Claimed) int64 { return c.ID })
+}
+
+// project maps each claimed event to one of its fields.
+func project[T any](cs []outbox.Claimed, field func(outbox.Claimed) T) []T {
+	out := make([]T, len(cs))
 	for i, c := range cs {
-		out[i] = c.ID
+		out[i] = field(c)
 	}
 	return out
 }
