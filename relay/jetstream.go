@@ -52,7 +52,9 @@ type JetStreamConfig struct {
 	OrderingKeyInSubject bool
 	// Strict publishes with an expected last sequence per subject instead
 	// of relying on the stream's duplicate window; see the package
-	// documentation for its constraints.
+	// documentation for its constraints. A strict relay claims under
+	// leases (Config.UseLeases): one publish may take several publish
+	// timeouts, longer than a held batch may stay open.
 	Strict bool
 }
 
@@ -130,6 +132,12 @@ func NewJetStream(ctx context.Context, store *outbox.Store, nc *nats.Conn, cfg J
 	cfg.setJetStreamDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
+	}
+	if store.Dialect() != "postgres" || cfg.Strict {
+		// Only PostgreSQL holds claims; strict mode's publishes may each
+		// take several publish timeouts (a read of the subject's last
+		// message, a publish again), beyond a held batch's idle bound.
+		cfg.UseLeases = true
 	}
 	if cfg.SubjectPrefix == "" {
 		cfg.SubjectPrefix = DefaultSubjectPrefix
@@ -221,8 +229,12 @@ func (r *JetStream) checkStream(ctx context.Context) error {
 	r.cfg.Stream = name
 	r.window = stream.CachedInfo().Config.Duplicates
 	if need := r.cfg.RequiredDuplicateWindow(); !r.cfg.Strict && r.window < need {
-		return fmt.Errorf("%w: stream %q drops repeated message ids for %s, the relay needs at least %s (lease %s, or a held batch's limit of four publish timeouts unless UseLeases, + longest retry delay %s + publish timeout %s): raise the stream's Duplicates, shorten those, or use strict mode",
-			ErrDuplicateWindowTooShort, name, r.window, need, r.cfg.Lease, r.cfg.MaxBackoff, r.cfg.PublishTimeout)
+		hold, what := r.cfg.Lease, "lease"
+		if !r.cfg.UseLeases {
+			hold, what = r.cfg.heldIdle(), "held batch's limit: the longer of the lease and four publish timeouts"
+		}
+		return fmt.Errorf("%w: stream %q drops repeated message ids for %s, the relay needs at least %s (%s %s + longest retry delay %s + publish timeout %s): raise the stream's Duplicates, shorten those, or use strict mode",
+			ErrDuplicateWindowTooShort, name, r.window, need, what, hold, r.cfg.MaxBackoff, r.cfg.PublishTimeout)
 	}
 	return nil
 }

@@ -111,6 +111,13 @@ func TestBadConfigurationFailsAtStart(t *testing.T) {
 	if _, err := relay.NewJetStream(ctx, store, nc, cfg); err != nil {
 		t.Errorf("held claims: 15 s needed, 20 s window: %v", err)
 	}
+	// A relay over another database claims under leases: 15 s needed, not
+	// the 30 s of held claims.
+	cfg.PublishTimeout = 5 * time.Second
+	sqliteStore := testdb.New(t, "sqlite").Store(t)
+	if _, err := relay.NewJetStream(ctx, sqliteStore, nc, cfg); err != nil {
+		t.Errorf("a relay over SQLite (leased claims): 15 s needed, 20 s window: %v", err)
+	}
 	cfg.Strict = true
 	cfg.Lease = time.Minute
 	if _, err := relay.NewJetStream(ctx, store, nc, cfg); err != nil {

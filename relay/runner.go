@@ -75,7 +75,9 @@ type Config struct {
 	// 10 s).
 	MaxBackoff time.Duration
 	// PublishTimeout bounds the wait for the broker's confirmation of one
-	// publish (default 10 s); the event is then retried.
+	// publish (default 10 s); the event is then retried. (A Watermill
+	// publisher's Publish that has not returned by then is left running:
+	// if it succeeds later, the retry publishes the event a second time.)
 	PublishTimeout time.Duration
 	// CloseTimeout is how long a stopping relay waits for publishes in
 	// flight (default 10 s).
@@ -93,12 +95,14 @@ type Config struct {
 	// the claim and again at its acknowledgement; if the relay dies, its
 	// events are due again at once instead of when their leases expire, and
 	// the attempt is not counted. A held batch keeps one pooled connection
-	// until its last publish is confirmed. At most two held batches per
+	// until its last publish is confirmed. At most three held batches per
 	// stream are open at once, each of at most Window events (so a
 	// BatchSize below Window/2 leaves part of the window unused), and the
 	// database ends a held batch's transaction that stays idle longer than
 	// Lease (at least four times PublishTimeout): its events are then
-	// published again, and dropped as duplicates.
+	// published again, and dropped as duplicates. A JetStream relay in
+	// strict mode, or over another database, claims under leases whatever
+	// this says.
 	UseLeases bool
 	// DeadLetterPolicy is the group's policy for a dead-lettered event
 	// with an ordering key (default outbox.DeadLetterHold; strict mode

@@ -347,3 +347,28 @@ func TestStopSettlesHeldBatchWithoutUnconfirmed(t *testing.T) {
 		t.Errorf("%d of the unconfirmed and the unpublished event left pending and unchanged, want 2", n)
 	}
 }
+
+// TestWatermillPublishTimeout: a Watermill publish that does not return
+// within PublishTimeout counts as a failed publish (reason timeout) and
+// the event is retried, so a hung publisher neither fills the window nor
+// keeps a held batch open; the late return changes nothing.
+func TestWatermillPublishTimeout(t *testing.T) {
+	db, store, _ := relayFixture(t, 3)
+	pub := &pacedPublisher{stall: "e0", stalling: make(chan struct{}), stalled: make(chan struct{})}
+	w, err := relay.NewWatermill(store, pub, relay.WatermillConfig{Config: relay.Config{Streams: []string{"s"},
+		PublishTimeout: 300 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, PollInterval: 20 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, w.Run, delivered(t, db, 3))
+	if at := pub.positions("e0"); len(at) != 1 {
+		t.Errorf("e0 recorded at %v, want once (the retry; the stalled publish has not returned)", at)
+	}
+	close(pub.stalled) // the first publish of e0 returns now, after its retry was delivered
+	if s := w.Stats(); s.Failed != 1 || s.Published != 3 {
+		t.Errorf("stats %+v, want 1 failed (the timeout) and 3 published", s)
+	}
+	if n := db.Count(t, "SELECT count(*) FROM millpond_outbox WHERE consumer_group = 'relay' AND event_key = 'e0' AND attempts = 2"); n != 1 {
+		t.Error("e0 was not delivered at its second attempt")
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -82,9 +84,18 @@ func (w *Watermill) Run(ctx context.Context) error {
 }
 
 // send publishes one event on a goroutine of its own (Publish is
-// synchronous; Window bounds the goroutines).
+// synchronous; Window bounds the goroutines). A Publish that has not
+// returned within PublishTimeout is counted as failed (ReasonTimeout), so
+// that a hung publisher neither holds the window nor keeps a held batch
+// open past its bound; its goroutine is left to return.
 func (w *Watermill) send(p *pipeline, it *item) {
+	var once sync.Once
+	finish := func(res result) { once.Do(func() { p.finish(it, res) }) }
+	timer := time.AfterFunc(w.cfg.PublishTimeout, func() {
+		finish(result{err: fmt.Errorf("publish: no return within %s", w.cfg.PublishTimeout), reason: ReasonTimeout})
+	})
 	go func() {
+		defer timer.Stop()
 		c := it.c
 		out := message.NewMessage(c.Key, c.Payload)
 		for k, v := range userMetadata(c) {
@@ -98,9 +109,9 @@ func (w *Watermill) send(p *pipeline, it *item) {
 			out.Metadata.Set(MetadataOrderingSeq, strconv.FormatInt(c.OrderingSeq, 10))
 		}
 		if err := w.pub.Publish(w.cfg.Topic(c.Stream), out); err != nil {
-			p.finish(it, result{err: fmt.Errorf("publish: %w", err), reason: ReasonPublisher})
+			finish(result{err: fmt.Errorf("publish: %w", err), reason: ReasonPublisher})
 			return
 		}
-		p.finish(it, result{})
+		finish(result{})
 	}()
 }

@@ -16,7 +16,7 @@ import (
 const EnvNATSURL = "MILLPOND_NATS_URL"
 
 const relayUsage = `Usage: millpond relay -nats URL -stream S[,S…] [-js-stream NAME] [-subject-prefix P]
-       [-subject TEMPLATE] [-ordering-key-subject] [-strict] [-group relay] [-db URL] …
+       [-subject TEMPLATE] [-ordering-key-subject] [-strict] [-use-leases] [-group relay] [-db URL] …
 
 Relay the events of outbox streams to NATS JetStream until SIGTERM or
 SIGINT, then stop gracefully (publishes in flight are confirmed and
@@ -24,8 +24,10 @@ acknowledged). The relay is the consumer group -group of each stream
 (registered at start: events enqueued before are not relayed). Each event is
 acknowledged in the outbox only after JetStream's PubAck; Nats-Msg-Id is
 "<stream>/<key>", so a re-publication after a crash is dropped within the
-JetStream stream's duplicate window, which must be at least
-lease + max-backoff + publish-timeout (checked at start). -strict needs no
+JetStream stream's duplicate window, which must be at least the longer of
+-lease and 4 x -publish-timeout (held claims, PostgreSQL's default; -lease
+alone with -use-leases or elsewhere) + -max-backoff + -publish-timeout:
+60s by default (checked at start). -strict needs no
 window: it publishes with the expected last sequence of a subject per
 ordering key. Subjects: -subject template, default
 {prefix}.{stream}.{kind} ({prefix}.{stream}.{kind}.{ordering_key} with
@@ -46,7 +48,7 @@ func cmdRelay(e *env, args []string) error {
 	group := fs.String("group", relay.DefaultGroup, "the relay's consumer group")
 	window := fs.Int("window", relay.DefaultJetStreamWindow, "publishes in flight per stream")
 	batch := fs.Int("batch", relay.DefaultBatchSize, "events claimed at once (at most 1000)")
-	lease := fs.Duration("lease", relay.DefaultLease, "claim lease (held claims on PostgreSQL: the longest a held batch may stay idle, at least 3x the publish timeout)")
+	lease := fs.Duration("lease", relay.DefaultLease, "claim lease (held claims on PostgreSQL: the longest a held batch may stay idle, at least 4x the publish timeout)")
 	useLeases := fs.Bool("use-leases", false, "on PostgreSQL, claim under leases instead of holding each batch in a transaction")
 	maxBackoff := fs.Duration("max-backoff", relay.DefaultMaxBackoff, "longest retry delay after a failed publish")
 	publishTimeout := fs.Duration("publish-timeout", relay.DefaultPublishTimeout, "wait for a PubAck at most this long")

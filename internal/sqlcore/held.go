@@ -43,6 +43,9 @@ FROM millpond_deliveries d JOIN millpond_events e ON e.id = d.event_id
 WHERE d.id = ANY(ARRAY(SELECT id FROM due))`
 	// Due rows whose attempts are used up (a leased claim's lease expired
 	// after the final attempt) are dead-lettered as a leased claim does.
+	// Under DeadLetterSkip one with an ordering key is handed out once more
+	// (a leased claim settles it through the skip path instead): a failed
+	// attempt then dead-letters it through Fail, which lets its key go.
 	heldDeadPG = `UPDATE millpond_deliveries SET status = 'dead_letter', settled = true, claim_key = '', claimed_by = @worker,
   last_error = CASE WHEN status = 'processing' THEN '` + lastErrorLeaseExpired + `' ELSE last_error END
 WHERE id = ANY(@ids::BIGINT[])`
