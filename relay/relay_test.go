@@ -237,6 +237,11 @@ func TestStrictMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	runUntil(t, r.Run, delivered(t, db, 3))
+	// Strict mode claims under leases, not held (a held settle clears the
+	// claim key, a leased acknowledgement keeps it).
+	if n := db.Count(t, "SELECT count(*) FROM millpond_outbox WHERE consumer_group = 'relay' AND event_key = 'u.1' AND claim_key <> ''"); n != 1 {
+		t.Error("strict mode: u.1 was not claimed under a lease")
+	}
 	if s := r.Stats(); s.Duplicates != 1 || s.Published != 2 || s.Conflicts != 0 {
 		t.Errorf("stats %+v, want 2 published, 1 already published", s)
 	}
