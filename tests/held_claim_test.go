@@ -41,6 +41,10 @@ func TestHeldClaim(t *testing.T) {
 		t.Parallel()
 		testHeldFailedHead(t, newEnv(t, "postgres", false))
 	})
+	t.Run("ProducerCommitsOnTheKeyDuringSettle", func(t *testing.T) {
+		t.Parallel()
+		testHeldSettleRacesProducer(t, newEnv(t, "postgres", false))
+	})
 	t.Run("ExhaustedEventsAreDeadLettered", func(t *testing.T) {
 		t.Parallel()
 		testHeldExhausted(t, newEnv(t, "postgres", true))
@@ -254,6 +258,40 @@ func testHeldFailedHead(t *testing.T, e *env) {
 	e.expectRow(ordered[0], outbox.StatusPending, 1)
 	e.expectRow(ordered[1], outbox.StatusBlocked, 0)
 	e.expectNothingDue(req) // the head waits out its delay; its successor waits for it
+}
+
+// testHeldSettleRacesProducer: a settle that acknowledges a key's head
+// while a producer of the key holds the key's row waits for it; when the
+// producer commits, the head is acknowledged all the same (by the leased
+// path the held acknowledgement falls back to) and the producer's event,
+// the key's next, becomes pending.
+func testHeldSettleRacesProducer(t *testing.T, e *env) {
+	head := ordered("s", "o0", "order-1")
+	id := e.enqueue(head).ID
+	h, cs := e.claimHeld(claimReq("s", 10, time.Minute, 5))
+	if got := ids(cs); !slices.Equal(got, []int64{id}) {
+		t.Fatalf("held claim: want the head %d, got %v", id, got)
+	}
+	tx, commit, rollback := e.db.Begin(t)
+	next, err := e.s.Enqueue(e.ctx, tx, ordered("s", "o1", "order-1"))
+	if err != nil {
+		rollback()
+		t.Fatal(err)
+	}
+	settled := make(chan error, 1)
+	go func() {
+		_, err := h.Settle(e.ctx, []int64{id}, nil)
+		settled <- err
+	}()
+	e.waitForLockWait("settle behind the producer")
+	if err := commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-settled; err != nil {
+		t.Fatalf("settle: %v", err)
+	}
+	e.expectRow(id, outbox.StatusDelivered, 1)
+	e.expectRow(next.ID, outbox.StatusPending, 0)
 }
 
 // testHeldExhausted: a due event whose attempts are used up (its last

@@ -56,6 +56,14 @@ WHERE id = ANY(@ids::BIGINT[])`
   attempts = attempts + 1, claimed_by = @worker, claim_key = ''
 WHERE id = ANY(@ids::BIGINT[])`
 	heldDeletePG = `DELETE FROM millpond_deliveries WHERE id = ANY(@ids::BIGINT[])`
+	// heldLivePG names the held rows @ids as the acknowledgement's live
+	// rows (see liveClaims): the transaction holds their locks already.
+	heldLivePG = `WITH live AS MATERIALIZED (
+  SELECT o.id, o.stream, o.consumer_group, o.ordering_key FROM millpond_deliveries o
+  WHERE o.id = ANY(@ids::BIGINT[])
+  ORDER BY o.id
+  FOR UPDATE OF o
+)`
 	// Rows that need the leased path (a failed publish, an event with an
 	// ordering key) become ordinary claims first: processing under a lease
 	// with a fresh claim key, one more attempt.
@@ -218,19 +226,16 @@ func (h *Held) Settle(ctx context.Context, delivered, lease []int64) ([]Receipt,
 
 func (h *Held) settle(ctx context.Context, tx Tx, delivered, lease []int64) ([]Receipt, error) {
 	c := h.c
-	var plain []int64
-	// Delivered events with an ordering key are acknowledged as leased
-	// claims, so that their keys' next events are promoted as usual.
-	leased := slices.Clone(lease)
+	var plain, ordered []int64
 	for _, id := range delivered {
 		if h.rows[id] == "" {
 			plain = append(plain, id)
 		} else {
-			leased = append(leased, id)
+			ordered = append(ordered, id)
 		}
 	}
 	slices.Sort(plain)
-	slices.Sort(leased)
+	slices.Sort(ordered)
 	vals := map[string]any{"now": c.nowArg(), "worker": h.req.Worker}
 	if len(plain) > 0 {
 		vals["ids"] = plain
@@ -239,6 +244,27 @@ func (h *Held) settle(ctx context.Context, tx Tx, delivered, lease []int64) ([]R
 			return nil, err
 		}
 	}
+	// Delivered events with an ordering key are acknowledged by the
+	// leased acknowledgement's statement over the held rows, which counts
+	// them off their keys and promotes the keys' next events. The ones it
+	// leaves (a producer of the key committed while it waited for the
+	// key's row) are acknowledged as leased claims below, whose path
+	// settles them in later statements.
+	leased := slices.Clone(lease)
+	if len(ordered) > 0 {
+		vals["ids"] = ordered
+		q := c.stmts.heldAck
+		acked, err := c.queryIDs(ctx, tx, q.text, q.args(vals))
+		if err != nil {
+			return nil, err
+		}
+		for _, id := range ordered {
+			if !acked[id] {
+				leased = append(leased, id)
+			}
+		}
+	}
+	slices.Sort(leased)
 	if len(leased) == 0 {
 		return nil, nil
 	}

@@ -87,6 +87,7 @@ type statements struct {
 	heldDeliver query // settle delivered rows without an ordering key ({ids} as an array)
 	heldLease   query // make held rows ordinary leased claims
 	heldDead    query // dead-letter due rows whose attempts are used up
+	heldAck     query // acknowledge held rows with an ordering key, promoting their keys' next events
 
 	migrationsDDL string
 	appliedSQL    string
@@ -521,11 +522,22 @@ FROM claimed c JOIN millpond_events e ON e.id = c.event_id WHERE c.status = 'pro
   UPDATE millpond_ordering m SET unsettled = m.unsettled - kl.n
   FROM kl WHERE m.stream = kl.stream AND m.consumer_group = kl.consumer_group AND m.ordering_key = kl.ordering_key AND kl.fresh
 )`
-		s.ack = c(ack + `, ` + nextAfterAckPG("false") + `, promoted AS (
+		ackTail := `, ` + nextAfterAckPG("false") + `, promoted AS (
   UPDATE millpond_deliveries o SET status = 'pending', settled = false, available_at = GREATEST(o.available_at, @now)
   WHERE o.id = ANY(ARRAY(SELECT id FROM nxt)) AND o.status = 'blocked'
 )
-SELECT id FROM acked`)
+SELECT id FROM acked`
+		s.ack = c(ack + ackTail)
+		// A held claim's acknowledgement of events with an ordering key
+		// (see held.go): the same statement over rows its transaction
+		// holds (@ids), counting the attempt and naming the worker as a
+		// claim would have.
+		heldSettle := settle.pg
+		if !deleteOnAck {
+			heldSettle += ", attempts = o.attempts + 1, claimed_by = @worker, claim_key = ''"
+		}
+		heldAck := heldLivePG + ", " + strings.Replace(ack[strings.Index(ack, ackKeysPG):], settle.pg, heldSettle, 1)
+		s.heldAck = c(heldAck + ackTail)
 		// The same acknowledgement handing the next events over (see
 		// handOverAfterAckPG): it returns the events it claimed, content
 		// included (handed true), and the acknowledged ids (handed false).
