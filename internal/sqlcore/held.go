@@ -2,7 +2,6 @@ package sqlcore
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
 	"errors"
@@ -269,10 +268,9 @@ func (h *Held) settle(ctx context.Context, tx Tx, delivered, lease []int64) ([]R
 		return nil, nil
 	}
 	keys := make([]string, len(leased))
-	raw := make([]byte, 16)
+	raw := claimKeyBytes(len(leased))
 	for i := range keys {
-		_, _ = rand.Read(raw)
-		keys[i] = hex.EncodeToString(raw)
+		keys[i] = hex.EncodeToString(raw[16*i : 16*i+16])
 	}
 	vals["ids"], vals["keys"], vals["lease"] = leased, keys, micros(h.req.Lease)
 	q := c.stmts.heldLease
