@@ -39,7 +39,7 @@ func TestPostgresClaimDoesNotScanTheTable(t *testing.T) {
 		// A held claim's read of the rows and their events as well.
 		held := c.stmts.claimHeld
 		text = explain(t, db, held.text, held.args(map[string]any{
-			"stream": "s", "group": "", "limit": limit, "max": 10, "now": nil, "hold": true, "after": int64(0),
+			"stream": "s", "group": "", "limit": limit, "max": 10, "now": nil, "hold": true, "after": int64(0), "idle": "60000",
 		}))
 		if strings.Contains(text, "Seq Scan on millpond_") {
 			t.Errorf("a held claim of %d scans a whole table:\n%s", limit, text)

@@ -39,7 +39,8 @@ const (
 SELECT d.id, e.event_key, e.event_kind, e.payload, e.metadata, d.attempts + 1, e.created_at, d.ordering_key, d.ordering_seq, d.status = 'processing',
   ` + "(d.attempts >= @max AND (@hold OR d.ordering_key = ''))" + `
 FROM millpond_deliveries d JOIN millpond_events e ON e.id = d.event_id
-WHERE d.id = ANY(ARRAY(SELECT id FROM due))`
+WHERE d.id = ANY(ARRAY(SELECT id FROM due))
+  AND (SELECT set_config('idle_in_transaction_session_timeout', @idle::TEXT, true)) IS NOT NULL`
 	// Due rows whose attempts are used up (a leased claim's lease expired
 	// after the final attempt) are dead-lettered as a leased claim does.
 	// Under DeadLetterSkip one with an ordering key is handed out once more
@@ -128,14 +129,13 @@ func (c *Core) ClaimHeld(ctx context.Context, req ClaimRequest) (*Held, []Claime
 func (c *Core) claimHeld(ctx context.Context, tx Tx, req ClaimRequest) ([]Claimed, error) {
 	// The database ends the transaction (and the session) when it stays
 	// idle longer than the lease: a stalled holder cannot keep the rows.
+	// The claim sets that for its transaction itself (set_config, once, in
+	// an uncorrelated subquery): no round trip of its own.
 	idle := strconv.FormatInt(max(req.Lease.Milliseconds(), 1), 10)
-	if _, err := tx.ExecContext(ctx, "SELECT set_config('idle_in_transaction_session_timeout', $1, true)", idle); err != nil {
-		return nil, err
-	}
 	q := c.stmts.claimHeld
 	rows, err := tx.QueryContext(ctx, q.text, q.args(map[string]any{
 		"stream": req.Stream, "group": req.Group, "limit": req.Limit, "now": c.nowArg(), "after": req.After,
-		"max": req.MaxAttempts, "hold": req.DeadLetterPolicy == DeadLetterHold,
+		"max": req.MaxAttempts, "hold": req.DeadLetterPolicy == DeadLetterHold, "idle": idle,
 	})...)
 	if err != nil {
 		return nil, err
