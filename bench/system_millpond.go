@@ -39,6 +39,28 @@ func init() {
 		},
 	})
 	register(systemInfo{
+		name:     "millpond-held",
+		label:    "millpond, bare Subscriber (batch 1000, 8 in flight), HoldClaims",
+		notes:    "as millpond, with SubscriberConfig.HoldClaims: each batch is held in a transaction of the subscription's own (Store.ClaimHeld, at most 3 at once) instead of leased, and settled in it by one statement once its last message is acked, so a delivered row is written once instead of at the claim and at the acknowledgement",
+		order:    0,
+		dialects: []string{dialectPostgres},
+		extra:    true,
+		new: func(o Options) System {
+			return &millpondSystem{workers: o.Workers, batch: 1000, inFlight: o.Workers, hold: true}
+		},
+	})
+	register(systemInfo{
+		name:     "millpond-bus-held",
+		label:    "millpond, bus + typed handler (batch 1000, 8 in flight), HoldClaims",
+		notes:    "as millpond-bus, with bus.Config.Subscriber.HoldClaims (see millpond-held)",
+		order:    2,
+		dialects: []string{dialectPostgres},
+		extra:    true,
+		new: func(o Options) System {
+			return &millpondSystem{workers: o.Workers, batch: 1000, inFlight: o.Workers, bus: true, hold: true}
+		},
+	})
+	register(systemInfo{
 		name:     "millpond-default",
 		label:    "millpond, bare Subscriber (defaults: batch 100, 1 in flight)",
 		notes:    "as millpond, with SubscriberConfig left at its defaults (BatchSize 100, MaxInFlight 1); -workers goroutines read the channel, but only one message is out at a time",
@@ -117,7 +139,9 @@ type millpondSystem struct {
 	orderKeys int
 	// deleteOnAck opens the store with outbox.WithDeleteOnAck.
 	deleteOnAck bool
-	enqueued    atomic.Int64
+	// hold sets SubscriberConfig.HoldClaims.
+	hold     bool
+	enqueued atomic.Int64
 
 	db    *database
 	store *outbox.Store
@@ -215,6 +239,7 @@ func (s *millpondSystem) newBus(h Handler) (*bus.Bus, error) {
 	if s.batch > 0 {
 		cfg.Subscriber.BatchSize = s.batch
 	}
+	cfg.Subscriber.HoldClaims = s.hold
 	if s.inFlight > 0 {
 		opts = append(opts, handlers.WithMaxInFlight(s.inFlight))
 	}
@@ -239,6 +264,7 @@ func (s *millpondSystem) Start(ctx context.Context, handler Handler) error {
 	sub, err := outbox.NewSubscriber(s.store, outbox.SubscriberConfig{
 		BatchSize:   s.batch,
 		MaxInFlight: s.inFlight,
+		HoldClaims:  s.hold,
 	})
 	if err != nil {
 		return err

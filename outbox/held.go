@@ -66,6 +66,18 @@ func (h *HeldClaim) Settle(ctx context.Context, delivered, lease []int64) ([]Rec
 	return convert(rs, receiptFromCore), nil
 }
 
+// Touch keeps the held claim open while its events are still being
+// handled: the database ends a held claim's transaction once it has been
+// idle for the request's Lease, and Touch runs a trivial statement in it,
+// which starts that clock again. It fails with ErrHeldSettled after Settle
+// or Abort, and with the database's error once the transaction was ended.
+func (h *HeldClaim) Touch(ctx context.Context) error {
+	if err := h.core.Touch(ctx); err != nil {
+		return fmt.Errorf("outbox: keep a held claim open: %w", err)
+	}
+	return nil
+}
+
 // Abort ends the held claim without settling anything: its events are due
 // again, unchanged. Aborting an ended claim does nothing.
 func (h *HeldClaim) Abort() error {
@@ -74,3 +86,23 @@ func (h *HeldClaim) Abort() error {
 	}
 	return nil
 }
+
+// heldBudget is the most held claims a store's subscribers keep open at
+// once (SubscriberConfig.HoldClaims): a quarter of the pool's connections,
+// at least one. Each held claim keeps a connection until its batch
+// settles, so without a bound subscriptions (or handlers that need a
+// connection to finish) could wait for connections that held claims keep.
+func heldBudget(maxConns int) int { return max(1, maxConns/4) }
+
+// tryHold takes room for one more held claim of a subscriber, if there is
+// any; unhold gives it back.
+func (s *Store) tryHold() bool {
+	select {
+	case s.heldBudget <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+func (s *Store) unhold() { <-s.heldBudget }

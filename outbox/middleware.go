@@ -28,6 +28,7 @@ type receiptKey struct{}
 type delivery struct {
 	receipt Receipt
 	store   *Store
+	held    bool // from a held claim (SubscriberConfig.HoldClaims): no receipt
 }
 
 // ReceiptFromContext returns the receipt of the delivery a Subscriber put
@@ -35,7 +36,7 @@ type delivery struct {
 // key never reaches logs or republished messages.
 func ReceiptFromContext(ctx context.Context) (Receipt, bool) {
 	d, ok := ctx.Value(receiptKey{}).(delivery)
-	return d.receipt, ok
+	return d.receipt, ok && !d.held
 }
 
 // AcknowledgeMessageInTx is Store.AcknowledgeMessageInTx for code that has
@@ -67,6 +68,9 @@ const metadataAckedInTx = "millpond_acked_in_tx"
 func (s *Store) AcknowledgeMessageInTx(ctx context.Context, tx Tx, msg *message.Message) error {
 	r, ok := ReceiptFromContext(msg.Context())
 	if !ok {
+		if d, _ := msg.Context().Value(receiptKey{}).(delivery); d.held {
+			return fmt.Errorf("outbox: acknowledge message %s in a transaction: a subscriber holding its claims (HoldClaims) acknowledges only through Ack: %w", msg.UUID, ErrNoReceipt)
+		}
 		return fmt.Errorf("outbox: acknowledge message %s in a transaction: %w", msg.UUID, ErrNoReceipt)
 	}
 	if err := s.AcknowledgeInTx(ctx, tx, r); err != nil {
@@ -76,6 +80,8 @@ func (s *Store) AcknowledgeMessageInTx(ctx context.Context, tx Tx, msg *message.
 	return nil
 }
 
-// ErrNoReceipt reports a message that was not delivered by an outbox
-// Subscriber, so it carries no claim to acknowledge.
+// ErrNoReceipt reports a message that carries no claim to acknowledge: it
+// was not delivered by an outbox Subscriber, or by one that holds its
+// claims (SubscriberConfig.HoldClaims), whose events are acknowledged only
+// by their Ack.
 var ErrNoReceipt = errors.New("outbox: the message was not delivered by an outbox Subscriber")

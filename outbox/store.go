@@ -45,6 +45,10 @@ type Store struct {
 	statsCache statsCache  // the snapshot behind the gauges and CachedStats
 	listenerUp atomic.Bool // the PostgreSQL listener is connected
 	schemaOK   atomic.Bool // CheckSchema found the schema current
+
+	// heldBudget has room for the held claims the store's subscribers
+	// may keep open at once (PostgreSQL; see heldBudget).
+	heldBudget chan struct{}
 }
 
 // Option configures a Store.
@@ -227,6 +231,9 @@ func NewStore(b Backend, opts ...Option) (*Store, error) {
 		return nil, err
 	}
 	s.pool, s.sqlDB, s.closer, s.writes = b.Pool, b.DB, b.Close, gate
+	if b.Pool != nil {
+		s.heldBudget = make(chan struct{}, heldBudget(int(b.Pool.Config().MaxConns)))
+	}
 	if d == sqlcore.SQLite {
 		s.stmts = newStmtCache(b.DB, s.core.EnqueueStatements())
 	}

@@ -73,6 +73,26 @@ type SubscriberConfig struct {
 	// with an ordering key are always delivered one at a time per key and
 	// group, in commit order, whatever MaxInFlight is.
 	DeadLetterPolicy DeadLetterPolicy
+	// HoldClaims (PostgreSQL only) claims each batch as a held claim
+	// (Store.ClaimHeld) instead of under leases: the batch's rows stay
+	// locked, unchanged, in a transaction of the subscription's own until
+	// every message of the batch is acked or nacked; then one statement
+	// marks the acked events delivered (each row is written once, where a
+	// leased claim writes it at the claim and again at the
+	// acknowledgement), and the nacked ones are retried or dead-lettered
+	// as usual. The acks of a batch commit together, when its last
+	// message is settled: a crash before that delivers the whole batch
+	// again, and a dead process's events are due again at once. At most
+	// three batches are held at once per subscription, each on a pooled
+	// connection, and at most a quarter of the pool's connections (at
+	// least one) per Store: a batch that finds no room is claimed under a
+	// lease, as without the option. The database ends a held batch idle for
+	// longer than Lease (the subscription touches it every Lease/3 while
+	// its messages are handled). Held messages carry no receipt:
+	// AcknowledgeMessageInTx refuses them with ErrNoReceipt. Other
+	// databases refuse the option with an error wrapping
+	// errors.ErrUnsupported.
+	HoldClaims bool
 }
 
 // DefaultBackoff is the retry delay after a Nack of the given attempt (1
@@ -193,6 +213,9 @@ func NewSubscriber(store *Store, config SubscriberConfig) (*Subscriber, error) {
 	if err := config.validate(); err != nil {
 		return nil, fmt.Errorf("outbox: new subscriber: %w", err)
 	}
+	if config.HoldClaims && store.Dialect() != string(sqlcore.Postgres) {
+		return nil, fmt.Errorf("outbox: new subscriber: HoldClaims needs PostgreSQL, not %s: %w", store.Dialect(), errors.ErrUnsupported)
+	}
 	return &Subscriber{store: store, config: config, closing: make(chan struct{})}, nil
 }
 
@@ -257,7 +280,7 @@ type subscription struct {
 	ctx    context.Context // the Subscribe context: values and cancellation
 	stop   chan struct{}   // closed when the subscription must stop claiming
 	out    chan *message.Message
-	queue  chan Claimed  // claimed, not yet handed out
+	queue  chan queued   // claimed, not yet handed out
 	taken  chan struct{} // a dispatcher took from queue or handed
 	acks   chan Receipt
 	logger watermill.LoggerAdapter
@@ -285,6 +308,11 @@ type subscription struct {
 	// for a second write.
 	ackMu   sync.Mutex
 	ackCond *sync.Cond
+
+	// With HoldClaims: slots has room for maxHeldBatches open held
+	// claims and settling counts the batches being settled.
+	slots    chan struct{}
+	settling sync.WaitGroup
 
 	tel *subTelemetry
 }
@@ -343,7 +371,7 @@ func newSubscription(ctx context.Context, s *Subscriber, topic string) *subscrip
 		s: s, cfg: &s.config, store: s.store, topic: topic, ctx: ctx,
 		stop:    make(chan struct{}),
 		out:     make(chan *message.Message),
-		queue:   make(chan Claimed, s.config.BatchSize),
+		queue:   make(chan queued, s.config.BatchSize),
 		taken:   make(chan struct{}, 1),
 		acks:    make(chan Receipt, ackBacklog(&s.config)),
 		logger:  s.config.Logger.With(watermill.LogFields{"topic": topic, "consumer_group": s.config.ConsumerGroup}),
@@ -356,6 +384,9 @@ func newSubscription(ctx context.Context, s *Subscriber, topic string) *subscrip
 		handedReady: make(chan struct{}, 1),
 	}
 	sub.ackCond = sync.NewCond(&sub.ackMu)
+	if s.config.HoldClaims {
+		sub.slots = make(chan struct{}, maxHeldBatches)
+	}
 	return sub
 }
 
@@ -387,6 +418,8 @@ func (sub *subscription) run() {
 	sub.releaseQueued()
 	dispatchers.Wait()
 	sub.releaseQueued()
+	// Every held event has its outcome now: the last batches settle.
+	sub.settling.Wait()
 	close(sub.acks)
 	<-ackDone
 	// The last acks may have handed events over: release them too.
@@ -448,13 +481,24 @@ func (sub *subscription) claimLoop() {
 		default:
 		}
 		limit := min(room, ramp)
-		ctx, cancel := sub.opCtx()
-		claimed, err := sub.store.Claim(ctx, ClaimRequest{
+		req := ClaimRequest{
 			Stream: sub.topic, Group: sub.cfg.ConsumerGroup, Worker: sub.cfg.Worker,
 			Limit: limit, Lease: sub.cfg.Lease, MaxAttempts: sub.cfg.MaxAttempts,
 			DeadLetterPolicy: sub.cfg.DeadLetterPolicy,
-		})
-		cancel()
+		}
+		var claimed []Claimed
+		var batch *heldBatch
+		var err error
+		if sub.holding() {
+			var going bool
+			if batch, claimed, going, err = sub.claimHeld(req); !going {
+				return
+			}
+		} else {
+			ctx, cancel := sub.opCtx()
+			claimed, err = sub.store.Claim(ctx, req)
+			cancel()
+		}
 		if err != nil {
 			// A wake-up cuts the wait short.
 			delay := failed.NextBackOff()
@@ -478,9 +522,13 @@ func (sub *subscription) claimLoop() {
 			// fewer events than they may.)
 			ramp = firstClaim(sub.cfg)
 		}
-		sub.track(claimed)
+		if batch == nil {
+			sub.track(claimed)
+		} else {
+			sub.tel.claimed(sub.ctx, claimed) // a held batch has no lease to extend
+		}
 		for _, c := range claimed {
-			sub.queue <- c // never blocks: only this goroutine adds, and room was free
+			sub.queue <- queued{c: c, batch: batch} // never blocks: only this goroutine adds, and room was free
 		}
 		// The quickest poll is 1 ms per subscription of this stream in the
 		// process, so many subscribers do not multiply the load.
@@ -563,14 +611,16 @@ func (sub *subscription) dispatchLoop() {
 		}
 		// Events handed over by acknowledgements first: they are the
 		// heads of keys this subscription has just worked on.
-		c, ok := sub.popHanded()
+		var q queued
+		var ok bool
+		q.c, ok = sub.popHanded()
 		if !ok {
 			select {
 			case <-sub.stop:
 				return
-			case c = <-sub.queue:
+			case q = <-sub.queue:
 			case <-sub.handedReady:
-				if c, ok = sub.popHanded(); !ok {
+				if q.c, ok = sub.popHanded(); !ok {
 					continue
 				}
 			}
@@ -579,7 +629,7 @@ func (sub *subscription) dispatchLoop() {
 		case sub.taken <- struct{}{}:
 		default:
 		}
-		if !sub.deliver(c) {
+		if !sub.deliver(q) {
 			return
 		}
 	}
@@ -587,7 +637,8 @@ func (sub *subscription) dispatchLoop() {
 
 // deliver sends one message and waits for its Ack or Nack. It returns false
 // when the subscription is stopping.
-func (sub *subscription) deliver(c Claimed) bool {
+func (sub *subscription) deliver(q queued) bool {
+	c := q.c
 	msg := message.NewMessage(c.Key, c.Payload)
 	for k, v := range c.Metadata {
 		msg.Metadata.Set(k, v)
@@ -621,15 +672,19 @@ func (sub *subscription) deliver(c Claimed) bool {
 	ctx, handling := sub.tel.startProcess(ctx, c)
 	unsettled := "released"
 	defer func() { handling.end(unsettled) }()
-	msg.SetContext(context.WithValue(ctx, receiptKey{}, delivery{receipt: c.Receipt(), store: sub.store}))
-	handedOut.Store(c.Receipt(), sub)
-	defer handedOut.Delete(c.Receipt())
+	if q.batch != nil {
+		msg.SetContext(sub.heldContext(ctx))
+	} else {
+		msg.SetContext(context.WithValue(ctx, receiptKey{}, delivery{receipt: c.Receipt(), store: sub.store}))
+		handedOut.Store(c.Receipt(), sub)
+		defer handedOut.Delete(c.Receipt())
+	}
 
 	// Stopping wins over a ready reader: what was not handed out is
 	// released, not delivered after Close began.
 	select {
 	case <-sub.stop:
-		sub.release(c.Receipt())
+		sub.unhanded(q)
 		return false
 	default:
 	}
@@ -637,7 +692,7 @@ func (sub *subscription) deliver(c Claimed) bool {
 	case sub.out <- msg:
 		handling.handedOut(ctx, c.CreatedAt)
 	case <-sub.stop:
-		sub.release(c.Receipt())
+		sub.unhanded(q)
 		return false
 	}
 	unsettled = "timeout"
@@ -649,6 +704,10 @@ func (sub *subscription) deliver(c Claimed) bool {
 		case <-msg.Acked():
 			unsettled = ""
 			handling.settled(ctx, true)
+			if q.batch != nil {
+				sub.heldDone(q, heldDelivered, nil)
+				return true
+			}
 			if sub.settledAs(c.Receipt()) == ackedInTx || msg.Metadata.Get(metadataAckedInTx) != "" {
 				// The handler acknowledged in its own transaction, which
 				// it committed before acking; if it rolled back instead,
@@ -679,6 +738,10 @@ func (sub *subscription) deliver(c Claimed) bool {
 		case <-msg.Nacked():
 			unsettled = ""
 			handling.settled(ctx, false)
+			if q.batch != nil {
+				sub.heldDone(q, heldFailed, msg)
+				return true
+			}
 			sub.fail(c, msg)
 			return true
 		case <-stopping:
@@ -689,7 +752,10 @@ func (sub *subscription) deliver(c Claimed) bool {
 			defer timer.Stop()
 			grace = timer.C
 		case <-grace:
-			sub.logger.Info("Message not settled before the close timeout; its lease will expire and it will be retried", watermill.LogFields{"event_id": c.ID})
+			sub.logger.Info("Message not settled before the close timeout; it will be delivered again (its lease expires, or its held batch leaves it due)", watermill.LogFields{"event_id": c.ID})
+			if q.batch != nil {
+				sub.heldDone(q, heldLeft, nil) // due again once its batch settles
+			}
 			sub.forget(c.Receipt())
 			return false
 		}
@@ -793,6 +859,16 @@ func retry(stop <-chan struct{}, budget time.Duration, op func() error) error {
 	}
 }
 
+// unhanded gives back an event the subscription stopped before handing
+// out: a leased one is released, a held one left to its batch's settle.
+func (sub *subscription) unhanded(q queued) {
+	if q.batch != nil {
+		sub.heldDone(q, heldLeft, nil)
+		return
+	}
+	sub.release(q.c.Receipt())
+}
+
 func (sub *subscription) release(rs ...Receipt) {
 	if len(rs) == 0 {
 		return
@@ -878,8 +954,12 @@ func (sub *subscription) releaseQueued() {
 	sub.handedMu.Unlock()
 	for {
 		select {
-		case c := <-sub.queue:
-			rs = append(rs, c.Receipt())
+		case q := <-sub.queue:
+			if q.batch != nil {
+				sub.heldDone(q, heldLeft, nil)
+				continue
+			}
+			rs = append(rs, q.c.Receipt())
 		default:
 			sub.release(rs...)
 			return

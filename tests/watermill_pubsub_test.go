@@ -27,22 +27,45 @@ import (
 //     the other suites running in parallel; the fault tests restart it alone.
 func TestWatermillUniversalPubSub(t *testing.T) { testWatermillUniversalPubSub(t) }
 
+// TestWatermillUniversalPubSubHoldClaims runs the suite against a
+// Subscriber that holds its claims (SubscriberConfig.HoldClaims), which
+// only PostgreSQL offers.
+// Its store's pool has 20 connections, so up to 5 batches are held at once
+// and the suite's many concurrent subscribers also claim under leases.
+func TestWatermillUniversalPubSubHoldClaims(t *testing.T) {
+	testUniversalSuite(t, []string{"postgres"}, func(c *outbox.SubscriberConfig) { c.HoldClaims = true })
+}
+
 func testWatermillUniversalPubSub(t *testing.T, opts ...outbox.Option) {
-	for _, dialect := range testdb.Dialects {
+	testUniversalSuite(t, testdb.Dialects, nil, opts...)
+}
+
+// testUniversalSuite runs Watermill's suite on the dialects, with the
+// subscriber's configuration adjusted by hold when it is not nil (over a
+// store of its own with a pool of 20 connections).
+func testUniversalSuite(t *testing.T, dialects []string, hold func(*outbox.SubscriberConfig), opts ...outbox.Option) {
+	for _, dialect := range dialects {
 		t.Run(dialect, func(t *testing.T) {
 			db := testdb.New(t, dialect)
 			store := db.Store(t, opts...)
+			if hold != nil {
+				store = poolStore(t, db, 20)
+			}
 			newPubSub := func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
 				pub, err := outbox.NewAutoCommitPublisher(store)
 				if err != nil {
 					t.Fatal(err)
 				}
-				sub, err := outbox.NewSubscriber(store, outbox.SubscriberConfig{
+				cfg := outbox.SubscriberConfig{
 					ConsumerGroup: group,
 					MaxAttempts:   100,
 					Backoff:       func(int) time.Duration { return 0 },
 					CloseTimeout:  time.Second,
-				})
+				}
+				if hold != nil {
+					hold(&cfg)
+				}
+				sub, err := outbox.NewSubscriber(store, cfg)
 				if err != nil {
 					t.Fatal(err)
 				}

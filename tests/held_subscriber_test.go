@@ -1,0 +1,331 @@
+package tests
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millpond/millpond/internal/testdb"
+	"github.com/millpond/millpond/outbox"
+	"github.com/millpond/millpond/outbox/postgres"
+)
+
+// TestSubscriberHoldClaims checks a Subscriber with HoldClaims on
+// PostgreSQL: its events stay unchanged and locked while their messages
+// are handled, each acked event's row is written once (delivered at attempt
+// 1), nacked events are retried and dead-lettered as usual, a closed
+// subscriber leaves what it did not settle due at once, a slow handler
+// keeps its batch, and ordered events keep their order.
+func TestSubscriberHoldClaims(t *testing.T) {
+	for name, run := range map[string]func(*testing.T, *env){
+		"DeliversEachEventOnce":     testHeldSubDelivers,
+		"NackRetriesThenDeadLetter": testHeldSubNack,
+		"CloseLeavesUnsettledDue":   testHeldSubClose,
+		"SlowHandlerKeepsItsBatch":  testHeldSubSlowHandler,
+		"OrderedKeysInSequence":     testHeldSubOrdered,
+		"NoReceiptForTransactions":  testHeldSubNoReceipt,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, "postgres", false)
+			e.s = poolStore(t, e.db, 12) // room for 3 held claims
+			run(t, e)
+		})
+	}
+	t.Run("StoreBudgetFallsBackToLeases", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, "postgres", false)
+		e.s = poolStore(t, e.db, 4) // room for 1 held claim
+		testHeldSubBudget(t, e)
+	})
+}
+
+// poolStore opens a store of its own on db's schema over a pool of
+// maxConns connections (a store holds claims on at most a quarter).
+func poolStore(t *testing.T, db *testdb.Database, maxConns int) *outbox.Store {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), db.URL+"&pool_max_conns="+strconv.Itoa(maxConns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s, err := postgres.New(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// TestSubscriberHoldClaimsUnsupported: only PostgreSQL holds claims.
+func TestSubscriberHoldClaimsUnsupported(t *testing.T) {
+	for _, dialect := range []string{"mysql", "sqlite"} {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, dialect, false)
+			sub, err := outbox.NewSubscriber(e.s, outbox.SubscriberConfig{HoldClaims: true})
+			if !errors.Is(err, errors.ErrUnsupported) || sub != nil {
+				t.Fatalf("HoldClaims on %s: want errors.ErrUnsupported, got %v", dialect, err)
+			}
+		})
+	}
+}
+
+// heldSubscribe subscribes a holding Subscriber to stream; it is closed at
+// the end of the test.
+func heldSubscribe(t *testing.T, e *env, stream string, cfg outbox.SubscriberConfig) (*outbox.Subscriber, <-chan *message.Message) {
+	t.Helper()
+	cfg.HoldClaims = true
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = 10 * time.Millisecond
+	}
+	sub, err := outbox.NewSubscriber(e.s, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Close() })
+	msgs, err := sub.Subscribe(context.Background(), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sub, msgs
+}
+
+// waitFor polls cond for up to 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// lockedRows counts the stream's delivery rows another transaction cannot
+// lock now.
+func (e *env) lockedRows(stream string) int64 {
+	e.t.Helper()
+	tx, err := e.db.Pool.Begin(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(e.ctx) }()
+	var free int64
+	if err := tx.QueryRow(e.ctx, `SELECT COUNT(*) FROM (SELECT id FROM millpond_deliveries WHERE stream = $1 FOR UPDATE SKIP LOCKED) f`, stream).Scan(&free); err != nil {
+		e.t.Fatal(err)
+	}
+	return e.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = ?", stream) - free
+}
+
+func testHeldSubDelivers(t *testing.T, e *env) {
+	const n = 300
+	evs := make([]outbox.Event, n)
+	for i := range evs {
+		evs[i] = event("held", fmt.Sprint("k", i))
+	}
+	e.enqueueAll(evs...)
+	_, msgs := heldSubscribe(t, e, "held", outbox.SubscriberConfig{BatchSize: 100, MaxInFlight: 4})
+
+	first := receive(t, msgs, 10*time.Second)
+	// While it is handled its batch is held: every row is as enqueued
+	// (no lease written, no attempt counted) and its rows are locked.
+	if w := e.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = 'held' AND (status <> 'pending' OR attempts <> 0)"); w != 0 {
+		t.Fatalf("%d rows written while their messages are handled, want 0", w)
+	}
+	if l := e.lockedRows("held"); l == 0 {
+		t.Fatal("no row is locked while its message is handled")
+	}
+	seen := map[string]int{first.UUID: 1}
+	first.Ack()
+	for len(seen) < n {
+		m := receive(t, msgs, 10*time.Second)
+		seen[m.UUID]++
+		if a := m.Metadata.Get(outbox.MetadataAttempt); a != "1" {
+			t.Errorf("message %s: attempt %s, want 1", m.UUID, a)
+		}
+		m.Ack()
+	}
+	expectNothing(t, msgs, 300*time.Millisecond)
+	for key, k := range seen {
+		if k != 1 {
+			t.Errorf("%s delivered %d times", key, k)
+		}
+	}
+	waitFor(t, "every row delivered at attempt 1", func() bool {
+		return e.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = 'held' AND status = 'delivered' AND attempts = 1 AND delivered_at IS NOT NULL AND claim_key = ''") == n
+	})
+}
+
+func testHeldSubNack(t *testing.T, e *env) {
+	ids := e.enqueueAll(event("held", "ok-0"), event("held", "bad"), event("held", "ok-1"))
+	_, msgs := heldSubscribe(t, e, "held", outbox.SubscriberConfig{
+		MaxInFlight: 3, MaxAttempts: 2, Backoff: func(int) time.Duration { return 10 * time.Millisecond },
+	})
+	var badAttempts []string
+	for acked := 0; acked < 2 || len(badAttempts) < 2; {
+		m := receive(t, msgs, 10*time.Second)
+		if m.UUID == "bad" {
+			badAttempts = append(badAttempts, m.Metadata.Get(outbox.MetadataAttempt))
+			m.Metadata.Set(outbox.MetadataHandlerError, "boom")
+			m.Nack()
+			continue
+		}
+		acked++
+		m.Ack()
+	}
+	if fmt.Sprint(badAttempts) != "[1 2]" {
+		t.Fatalf("the nacked event came with attempts %v, want [1 2]", badAttempts)
+	}
+	expectNothing(t, msgs, 300*time.Millisecond)
+	waitFor(t, "the nacked event dead-lettered", func() bool {
+		return e.count("SELECT COUNT(*) FROM millpond_outbox WHERE id = ? AND status = 'dead_letter' AND attempts = 2 AND last_error = 'boom'", ids[1]) == 1
+	})
+	e.expectRow(ids[0], outbox.StatusDelivered, 1)
+	e.expectRow(ids[2], outbox.StatusDelivered, 1)
+}
+
+func testHeldSubClose(t *testing.T, e *env) {
+	ids := e.enqueueAll(event("held", "a"), event("held", "b"), event("held", "c"), event("held", "d"))
+	sub, msgs := heldSubscribe(t, e, "held", outbox.SubscriberConfig{MaxInFlight: 2, Lease: time.Minute, CloseTimeout: 100 * time.Millisecond})
+	acked := receive(t, msgs, 10*time.Second)
+	unsettled := receive(t, msgs, 10*time.Second)
+	acked.Ack()
+	if err := sub.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_ = unsettled // never acked: the close timeout passes
+	// The acked event was settled at the close; the others are due at
+	// once, unchanged, though the lease is a minute.
+	delivered := map[string]bool{acked.UUID: true}
+	for i, key := range []string{"a", "b", "c", "d"} {
+		want, attempts := outbox.StatusPending, 0
+		if delivered[key] {
+			want, attempts = outbox.StatusDelivered, 1
+		}
+		e.expectRow(ids[i], want, attempts)
+	}
+	if l := e.lockedRows("held"); l != 0 {
+		t.Fatalf("%d rows still locked after Close", l)
+	}
+	got := e.claim(claimReq("held", 10, time.Minute, 5))
+	if len(got) != 3 {
+		t.Fatalf("a claim after Close took %d events, want the 3 not acked", len(got))
+	}
+}
+
+func testHeldSubSlowHandler(t *testing.T, e *env) {
+	id := e.enqueue(event("held", "slow")).ID
+	// The database ends a held claim idle for a Lease (1 s): the
+	// subscription must keep it open while the handler runs for 2.5 s.
+	_, msgs := heldSubscribe(t, e, "held", outbox.SubscriberConfig{Lease: time.Second})
+	m := receive(t, msgs, 10*time.Second)
+	time.Sleep(2500 * time.Millisecond)
+	m.Ack()
+	waitFor(t, "the slow event delivered", func() bool {
+		return e.count("SELECT COUNT(*) FROM millpond_outbox WHERE id = ? AND status = 'delivered' AND attempts = 1", id) == 1
+	})
+	expectNothing(t, msgs, 500*time.Millisecond)
+}
+
+func testHeldSubOrdered(t *testing.T, e *env) {
+	const keys, perKey = 10, 10
+	var evs []outbox.Event
+	for i := range perKey {
+		for k := range keys {
+			ev := event("held", fmt.Sprintf("o%d-%d", k, i))
+			ev.OrderingKey = fmt.Sprint("order-", k)
+			evs = append(evs, ev)
+		}
+	}
+	e.enqueueAll(evs...)
+	_, msgs := heldSubscribe(t, e, "held", outbox.SubscriberConfig{BatchSize: 50, MaxInFlight: 4})
+	next := map[string]int64{}
+	for range keys * perKey {
+		m := receive(t, msgs, 10*time.Second)
+		okey := m.Metadata.Get(outbox.MetadataOrderingKey)
+		seq, err := strconv.ParseInt(m.Metadata.Get(outbox.MetadataOrderingSeq), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := next[okey] + 1; seq != want {
+			t.Fatalf("key %s: got sequence %d, want %d", okey, seq, want)
+		}
+		next[okey] = seq
+		m.Ack()
+	}
+	expectNothing(t, msgs, 300*time.Millisecond)
+	waitFor(t, "every ordered event delivered", func() bool {
+		return e.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = 'held' AND status = 'delivered' AND attempts = 1") == keys*perKey
+	})
+}
+
+func testHeldSubNoReceipt(t *testing.T, e *env) {
+	id := e.enqueue(event("held", "a")).ID
+	_, msgs := heldSubscribe(t, e, "held", outbox.SubscriberConfig{})
+	m := receive(t, msgs, 10*time.Second)
+	if _, ok := outbox.ReceiptFromContext(m.Context()); ok {
+		t.Error("a held message carries a receipt")
+	}
+	tx, _, rollback := e.db.Begin(t)
+	err := outbox.AcknowledgeMessageInTx(e.ctx, tx, m)
+	rollback()
+	if !errors.Is(err, outbox.ErrNoReceipt) {
+		t.Fatalf("AcknowledgeMessageInTx of a held message: want ErrNoReceipt, got %v", err)
+	}
+	m.Ack()
+	waitFor(t, "the event delivered", func() bool {
+		return e.count("SELECT COUNT(*) FROM millpond_outbox WHERE id = ? AND status = 'delivered'", id) == 1
+	})
+}
+
+// testHeldSubBudget: with the store's one held claim open, the
+// subscription claims its next batches under leases (rows processing,
+// receipts on the messages); every event is still delivered once.
+func testHeldSubBudget(t *testing.T, e *env) {
+	const n = 300
+	evs := make([]outbox.Event, n)
+	for i := range evs {
+		evs[i] = event("held", fmt.Sprint("k", i))
+	}
+	e.enqueueAll(evs...)
+	_, msgs := heldSubscribe(t, e, "held", outbox.SubscriberConfig{BatchSize: 100})
+	first := receive(t, msgs, 10*time.Second)
+	if _, ok := outbox.ReceiptFromContext(first.Context()); ok {
+		t.Fatal("the first batch was not held")
+	}
+	// The first batch is held (unacked); the next ones are leased.
+	waitFor(t, "a leased batch beside the held one", func() bool {
+		return e.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = 'held' AND status = 'processing'") > 0
+	})
+	seen := map[string]int{first.UUID: 1}
+	first.Ack()
+	leased := 0
+	for len(seen) < n {
+		m := receive(t, msgs, 10*time.Second)
+		seen[m.UUID]++
+		if _, ok := outbox.ReceiptFromContext(m.Context()); ok {
+			leased++
+		}
+		m.Ack()
+	}
+	expectNothing(t, msgs, 300*time.Millisecond)
+	for key, k := range seen {
+		if k != 1 {
+			t.Errorf("%s delivered %d times", key, k)
+		}
+	}
+	if leased == 0 {
+		t.Error("no message came from a leased claim")
+	}
+	waitFor(t, "every row delivered at attempt 1", func() bool {
+		return e.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = 'held' AND status = 'delivered' AND attempts = 1") == n
+	})
+}
