@@ -351,7 +351,8 @@ func (r report) targets(b *strings.Builder, sums []*summary) {
 	var lines []string
 	add := func(format string, args ...any) { lines = append(lines, fmt.Sprintf(format, args...)) }
 	mp, bus := find(sums, "millpond"), find(sums, "millpond-bus")
-	systems := []*summary{mp, bus}
+	// The held-claim variants (PostgreSQL, extra systems) when they ran.
+	systems := []*summary{mp, bus, find(sums, "millpond-held"), find(sums, "millpond-held-delete"), find(sums, "millpond-bus-held")}
 
 	switch r.dialect {
 	case dialectPostgres:

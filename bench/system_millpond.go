@@ -50,6 +50,17 @@ func init() {
 		},
 	})
 	register(systemInfo{
+		name:     "millpond-held-delete",
+		label:    "millpond, bare Subscriber (batch 1000, 8 in flight), HoldClaims, WithDeleteOnAck",
+		notes:    "as millpond-held, on a store with outbox.WithDeleteOnAck (see millpond-delete)",
+		order:    0,
+		dialects: []string{dialectPostgres},
+		extra:    true,
+		new: func(o Options) System {
+			return &millpondSystem{workers: o.Workers, batch: 1000, inFlight: o.Workers, hold: true, deleteOnAck: true}
+		},
+	})
+	register(systemInfo{
 		name:     "millpond-bus-held",
 		label:    "millpond, bus + typed handler (batch 1000, 8 in flight), HoldClaims",
 		notes:    "as millpond-bus, with bus.Config.Subscriber.HoldClaims (see millpond-held)",

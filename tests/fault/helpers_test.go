@@ -36,7 +36,7 @@ import (
 
 // Environment of a child worker process.
 const (
-	envRole   = "MILLPOND_FAULT_ROLE"   // "kill-worker" or "race-worker"; unset in the parent
+	envRole   = "MILLPOND_FAULT_ROLE"   // the child's role (see TestHelperWorker); unset in the parent
 	envURL    = "MILLPOND_FAULT_URL"    // database URL for anydb.Open
 	envStream = "MILLPOND_FAULT_STREAM" // stream to consume
 	envName   = "MILLPOND_FAULT_NAME"   // worker name, used in claimed_by and handled rows
@@ -68,6 +68,8 @@ func TestHelperWorker(t *testing.T) {
 		err = raceWorker()
 	case "ordered-worker":
 		err = orderedWorker()
+	case "held-worker":
+		err = heldWorker()
 	default:
 		err = fmt.Errorf("unknown role %q", role)
 	}
