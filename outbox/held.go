@@ -66,18 +66,6 @@ func (h *HeldClaim) Settle(ctx context.Context, delivered, lease []int64) ([]Rec
 	return convert(rs, receiptFromCore), nil
 }
 
-// Touch keeps the held claim open while its events are still being
-// handled: the database ends a held claim's transaction once it has been
-// idle for the request's Lease, and Touch runs a trivial statement in it,
-// which starts that clock again. It fails with ErrHeldSettled after Settle
-// or Abort, and with the database's error once the transaction was ended.
-func (h *HeldClaim) Touch(ctx context.Context) error {
-	if err := h.core.Touch(ctx); err != nil {
-		return fmt.Errorf("outbox: keep a held claim open: %w", err)
-	}
-	return nil
-}
-
 // Abort ends the held claim without settling anything: its events are due
 // again, unchanged. Aborting an ended claim does nothing.
 func (h *HeldClaim) Abort() error {

@@ -80,18 +80,21 @@ type SubscriberConfig struct {
 	// marks the acked events delivered (each row is written once, where a
 	// leased claim writes it at the claim and again at the
 	// acknowledgement), and the nacked ones are retried or dead-lettered
-	// as usual. The acks of a batch commit together, when its last
-	// message is settled: a crash before that delivers the whole batch
-	// again, and a dead process's events are due again at once. At most
-	// three batches are held at once per subscription, each on a pooled
-	// connection, and at most a quarter of the pool's connections (at
-	// least one) per Store: a batch that finds no room is claimed under a
-	// lease, as without the option. The database ends a held batch idle for
-	// longer than Lease (the subscription touches it every Lease/3 while
-	// its messages are handled). Held messages carry no receipt:
-	// AcknowledgeMessageInTx refuses them with ErrNoReceipt. Other
-	// databases refuse the option with an error wrapping
-	// errors.ErrUnsupported.
+	// as usual. A batch still open after Lease/3 (a slow handler) is
+	// settled early: its acked events are marked delivered and the rest
+	// become ordinary leased claims. A subscription holds at most three
+	// batches, each on a pooled connection, and a Store at most a quarter
+	// of its pool's connections (at least one): a batch that finds no room
+	// within 200 ms is claimed under a lease, as without the option.
+	//
+	// What it gives up: the acks of a batch commit together, so a crash
+	// delivers again the handled events of the open batches (at most three
+	// batches), though they are due again at once rather than after their
+	// lease; a held claim counts no attempt until it settles, so an event
+	// whose handling crashes the process every time is never dead-lettered;
+	// and held messages carry no receipt (AcknowledgeMessageInTx refuses
+	// them with ErrNoReceipt). Other databases refuse the option with an
+	// error wrapping errors.ErrUnsupported.
 	HoldClaims bool
 }
 
@@ -639,6 +642,12 @@ func (sub *subscription) dispatchLoop() {
 // when the subscription is stopping.
 func (sub *subscription) deliver(q queued) bool {
 	c := q.c
+	if q.batch != nil && q.batch.lost.Load() {
+		// Its batch could not be settled: the event is due again, and may
+		// be claimed anew (by this subscription too).
+		sub.heldDone(q, heldLeft, nil)
+		return true
+	}
 	msg := message.NewMessage(c.Key, c.Payload)
 	for k, v := range c.Metadata {
 		msg.Metadata.Set(k, v)

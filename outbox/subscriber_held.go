@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -11,17 +12,34 @@ import (
 // maxHeldBatches is the most held claims a subscription keeps open at once
 // (SubscriberConfig.HoldClaims): one whose messages are being handled, the
 // next queued behind it and a third being claimed. Each keeps a pooled
-// connection until its last message is settled.
+// connection until it settles.
 const maxHeldBatches = 3
+
+// heldSlotWait is how long the claimer waits for one of its held batches to
+// settle before it claims the next batch under a lease instead: a slow
+// handler must not stop the subscription's other dispatchers.
+const heldSlotWait = 200 * time.Millisecond
 
 // heldBatch is one held claim of a subscription: it settles, in the
 // claim's transaction, once every event it holds has an outcome (acked,
-// nacked, or never handed out because the subscription stopped).
+// nacked, or never handed out because the subscription stopped), or after
+// Lease/3 at the latest (settleEarly), when the events still without an
+// outcome become leased claims.
 type heldBatch struct {
-	claim *HeldClaim
-	done  chan struct{} // closed when the batch has every outcome: stops the keep-alive
+	claim   *HeldClaim
+	claimed time.Time
+	done    chan struct{} // closed when the batch has every outcome: stops its timer
+	// converted is closed once an early settle has ended (leased then
+	// holds the claim keys of the events it leased; nil if it failed).
+	converted chan struct{}
+	leased    map[int64]string
+	// lost: the batch's transaction failed to settle, so its events are
+	// due again; its events not handed out yet are left, not delivered.
+	lost atomic.Bool
+
 	// Under the subscription's mu:
-	open      int // events without an outcome yet
+	open      map[int64]Claimed // events without an outcome yet
+	early     bool              // settled early: later outcomes go the leased way
 	delivered []int64
 	kinds     map[string]int // delivered events per kind, for metrics
 	failed    []heldFailure
@@ -30,10 +48,9 @@ type heldBatch struct {
 
 // queued is a claimed event waiting for a dispatcher, with its held batch
 // (nil for a leased event). The batch travels with the event, not in a
-// map by event id: when a held batch's transaction is ended under it (the
-// database's idle limit), its events are due again and the subscription
-// may hold the same event in a second batch while the first still waits
-// for its outcomes.
+// map by event id: when a held batch's transaction is ended under it, its
+// events are due again and the subscription may hold the same event in a
+// second batch while the first still waits for its outcomes.
 type queued struct {
 	c     Claimed
 	batch *heldBatch
@@ -59,20 +76,32 @@ const (
 // holding reports whether the subscription holds its claims.
 func (sub *subscription) holding() bool { return sub.slots != nil }
 
-// claimHeld takes a held claim of up to req.Limit events, once a slot is
-// free, and returns its batch; when the store has no room for another held
-// claim it claims under a lease instead (and returns no batch). False when
-// the subscription stops while waiting for a slot.
+// claimHeld takes a held claim of up to req.Limit events and returns its
+// batch. When none of the subscription's slots frees up within heldSlotWait,
+// or the store has no room for another held claim, it claims under a lease
+// instead (and returns no batch). False when the subscription stops while
+// waiting for a slot.
 func (sub *subscription) claimHeld(req ClaimRequest) (*heldBatch, []Claimed, bool, error) {
+	slot := false
 	select {
 	case sub.slots <- struct{}{}:
-	case <-sub.stop:
-		return nil, nil, false, nil
+		slot = true
+	default:
+		wait := time.NewTimer(heldSlotWait)
+		select {
+		case sub.slots <- struct{}{}:
+			slot = true
+		case <-wait.C:
+		case <-sub.stop:
+			wait.Stop()
+			return nil, nil, false, nil
+		}
+		wait.Stop()
 	}
-	if !sub.store.tryHold() {
-		// The store's held claims are all open (see heldBudget): this
-		// batch is claimed under a lease, as without HoldClaims.
-		<-sub.slots
+	if !slot || !sub.store.tryHold() {
+		if slot {
+			<-sub.slots
+		}
 		ctx, cancel := sub.opCtx()
 		cs, err := sub.store.Claim(ctx, req)
 		cancel()
@@ -85,8 +114,14 @@ func (sub *subscription) claimHeld(req ClaimRequest) (*heldBatch, []Claimed, boo
 		sub.endHeld()
 		return nil, nil, true, err
 	}
-	b := &heldBatch{claim: h, done: make(chan struct{}), open: len(cs), kinds: map[string]int{}}
-	go sub.keepHeld(b)
+	b := &heldBatch{
+		claim: h, claimed: time.Now(), done: make(chan struct{}), converted: make(chan struct{}),
+		open: make(map[int64]Claimed, len(cs)), kinds: map[string]int{},
+	}
+	for _, c := range cs {
+		b.open[c.ID] = c
+	}
+	go sub.ageHeld(b)
 	return b, cs, true, nil
 }
 
@@ -96,30 +131,55 @@ func (sub *subscription) endHeld() {
 	sub.store.unhold()
 }
 
-// keepHeld keeps a held batch's transaction from being ended as idle while
-// its messages are handled (as the leased mode extends leases): it touches
-// it every Lease/3 until the batch has every outcome.
-func (sub *subscription) keepHeld(b *heldBatch) {
-	ticker := time.NewTicker(sub.cfg.Lease / 3)
-	defer ticker.Stop()
-	for {
-		select {
-		case <-b.done:
-			return
-		case <-ticker.C:
-		}
-		ctx, cancel := sub.opCtx()
-		err := b.claim.Touch(ctx)
-		cancel()
-		if err != nil {
-			select {
-			case <-b.done: // settled meanwhile
-			default:
-				sub.logger.Error("A held batch's transaction ended before its messages were settled; its events will be delivered again", err, nil)
-			}
-			return
+// ageHeld settles a batch early once it has been open for Lease/3 (its
+// acks should not wait for a slow sibling, nor its transaction for the
+// database's idle limit, which is Lease).
+func (sub *subscription) ageHeld(b *heldBatch) {
+	timer := time.NewTimer(sub.cfg.Lease / 3)
+	defer timer.Stop()
+	select {
+	case <-b.done:
+	case <-timer.C:
+		sub.settleEarly(b)
+	}
+}
+
+// settleEarly settles a batch whose messages are not all settled: the
+// outcomes known are settled as at the end, and the events still open
+// become leased claims, whose later outcomes take the leased path (acks
+// through the acknowledger, Nacks through Fail, extensions by the
+// extender).
+func (sub *subscription) settleEarly(b *heldBatch) {
+	sub.mu.Lock()
+	if len(b.open) == 0 {
+		sub.mu.Unlock()
+		return // the last outcome came meanwhile: the usual settle runs
+	}
+	b.early = true
+	open := make([]Claimed, 0, len(b.open))
+	for _, c := range b.open {
+		open = append(open, c)
+	}
+	sub.settling.Add(1) // under mu, as heldDone's: before run's Wait
+	sub.mu.Unlock()
+	defer sub.settling.Done()
+	defer close(b.converted)
+	keys := sub.settleHeld(b, open)
+	if keys == nil {
+		return
+	}
+	sub.mu.Lock()
+	for _, c := range open {
+		r := Receipt{ID: c.ID, ClaimKey: keys[c.ID]}
+		sub.held[c.ID] = r // extended from now on
+		sub.kinds[c.ID] = c.Kind
+		if c.OrderingKey != "" {
+			sub.ordered[c.ID] = true
 		}
 	}
+	b.leased = keys
+	sub.mu.Unlock()
+	sub.logger.Debug("Held batch settled early; its unsettled events are leased", watermill.LogFields{"unsettled": len(open), "age": time.Since(b.claimed).String()})
 }
 
 // heldDone records the outcome of one held event; the last outcome of a
@@ -127,6 +187,12 @@ func (sub *subscription) keepHeld(b *heldBatch) {
 func (sub *subscription) heldDone(q queued, outcome heldOutcome, msg *message.Message) {
 	b, c := q.batch, q.c
 	sub.mu.Lock()
+	if b.early {
+		sub.mu.Unlock()
+		sub.leasedDone(b, c, outcome, msg)
+		return
+	}
+	delete(b.open, c.ID)
 	switch outcome {
 	case heldDelivered:
 		b.delivered = append(b.delivered, c.ID)
@@ -135,8 +201,7 @@ func (sub *subscription) heldDone(q queued, outcome heldOutcome, msg *message.Me
 	case heldFailed:
 		b.failed = append(b.failed, heldFailure{c: c, msg: msg})
 	}
-	b.open--
-	last := b.open == 0
+	last := len(b.open) == 0
 	if last {
 		sub.settling.Add(1) // under mu: run waits for it after the dispatchers stop
 	}
@@ -145,40 +210,72 @@ func (sub *subscription) heldDone(q queued, outcome heldOutcome, msg *message.Me
 		close(b.done)
 		go func() {
 			defer sub.settling.Done()
-			sub.settleHeld(b)
+			sub.settleHeld(b, nil)
 		}()
 	}
 }
 
-// settleHeld ends a held batch: one statement marks the acked events
-// delivered; nacked ones become leased claims and are failed as such; the
-// rest stay due.
-func (sub *subscription) settleHeld(b *heldBatch) {
-	if len(b.delivered) == 0 && len(b.failed) == 0 {
-		err := b.claim.Abort()
-		sub.endHeld()
-		if err != nil {
-			sub.logger.Error("Could not end a held batch; its events are due again once the database ends it", err, nil)
-		}
-		return
+// leasedDone records the outcome of an event its batch leased when it
+// settled early, as a leased claim's.
+func (sub *subscription) leasedDone(b *heldBatch, c Claimed, outcome heldOutcome, msg *message.Message) {
+	<-b.converted
+	key, ok := b.leased[c.ID]
+	if !ok {
+		return // the early settle failed: the event is due again
 	}
-	lease := make([]int64, len(b.failed))
-	for i, f := range b.failed {
-		lease[i] = f.c.ID
+	c.ClaimKey = key
+	switch outcome {
+	case heldDelivered:
+		sub.mu.Lock()
+		sub.settled[c.ID] = ackQueued
+		sub.mu.Unlock()
+		if c.OrderingKey != "" {
+			sub.orderedAcks.Add(1)
+		}
+		sub.acks <- c.Receipt()
+	case heldFailed:
+		sub.fail(c, msg)
+	default:
+		sub.release(c.Receipt())
+	}
+}
+
+// settleHeld ends a held batch: one statement marks the acked events
+// delivered; nacked ones (and lease, the events still open at an early
+// settle) become leased claims, the nacked ones failed as such; the rest
+// stay due. It returns the claim keys of the leased events, nil when the
+// batch could not be settled.
+func (sub *subscription) settleHeld(b *heldBatch, lease []Claimed) map[int64]string {
+	sub.mu.Lock()
+	delivered, failed, kinds, ordered := b.delivered, b.failed, b.kinds, b.ordered
+	b.delivered, b.failed, b.kinds = nil, nil, map[string]int{}
+	sub.mu.Unlock()
+	if len(delivered) == 0 && len(failed) == 0 && len(lease) == 0 {
+		sub.abortHeld(b)
+		return nil
+	}
+	ids := make([]int64, 0, len(failed)+len(lease))
+	for _, f := range failed {
+		ids = append(ids, f.c.ID)
+	}
+	for _, c := range lease {
+		ids = append(ids, c.ID)
 	}
 	ctx, cancel := sub.opCtx()
-	rs, err := b.claim.Settle(ctx, b.delivered, lease)
+	rs, err := b.claim.Settle(ctx, delivered, ids)
 	cancel()
 	sub.endHeld() // the transaction ended: the failures below are leased claims
 	if err != nil {
+		b.lost.Store(true)
 		_ = b.claim.Abort()
-		sub.logger.Error("Could not settle a held batch; its events will be delivered again", err, watermill.LogFields{"acked": len(b.delivered), "nacked": len(b.failed)})
-		return
+		sub.logger.Error("Could not settle a held batch; its events will be delivered again (nacked ones without their backoff)", err,
+			watermill.LogFields{"acked": len(delivered), "nacked": len(failed), "unsettled": len(lease)})
+		return nil
 	}
-	for kind, n := range b.kinds {
+	for kind, n := range kinds {
 		sub.tel.acknowledged(sub.ctx, kind, n)
 	}
-	if b.ordered {
+	if ordered {
 		// The next events of their keys became claimable.
 		sub.store.wake.notifyGroup(sub.topic, sub.cfg.ConsumerGroup)
 	}
@@ -186,9 +283,32 @@ func (sub *subscription) settleHeld(b *heldBatch) {
 	for _, r := range rs {
 		keys[r.ID] = r.ClaimKey
 	}
-	for _, f := range b.failed {
+	for _, f := range failed {
 		f.c.ClaimKey = keys[f.c.ID]
 		sub.fail(f.c, f.msg)
+	}
+	return keys
+}
+
+// abortHeld ends a batch that settles nothing. A rollback has no deadline
+// of its own, so it runs aside: a Close waits for it at most as long as
+// for any statement of the subscription.
+func (sub *subscription) abortHeld(b *heldBatch) {
+	ended := make(chan struct{})
+	go func() {
+		err := b.claim.Abort()
+		sub.endHeld()
+		if err != nil {
+			sub.logger.Error("Could not end a held batch; its events are due again once the database ends it", err, nil)
+		}
+		close(ended)
+	}()
+	timer := time.NewTimer(max(sub.cfg.Lease/2, 5*time.Second))
+	defer timer.Stop()
+	select {
+	case <-ended:
+	case <-timer.C:
+		sub.logger.Error("A held batch's rollback is still running; its events are due again once it ends", nil, nil)
 	}
 }
 

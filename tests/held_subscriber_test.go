@@ -20,16 +20,19 @@ import (
 // PostgreSQL: its events stay unchanged and locked while their messages
 // are handled, each acked event's row is written once (delivered at attempt
 // 1), nacked events are retried and dead-lettered as usual, a closed
-// subscriber leaves what it did not settle due at once, a slow handler
-// keeps its batch, and ordered events keep their order.
+// subscriber leaves what it did not settle due at once, a slow handler's
+// batch is settled early and its event leased, a batch whose transaction
+// died hands out nothing more, and ordered events keep their order.
 func TestSubscriberHoldClaims(t *testing.T) {
 	for name, run := range map[string]func(*testing.T, *env){
-		"DeliversEachEventOnce":     testHeldSubDelivers,
-		"NackRetriesThenDeadLetter": testHeldSubNack,
-		"CloseLeavesUnsettledDue":   testHeldSubClose,
-		"SlowHandlerKeepsItsBatch":  testHeldSubSlowHandler,
-		"OrderedKeysInSequence":     testHeldSubOrdered,
-		"NoReceiptForTransactions":  testHeldSubNoReceipt,
+		"DeliversEachEventOnce":      testHeldSubDelivers,
+		"NackRetriesThenDeadLetter":  testHeldSubNack,
+		"CloseLeavesUnsettledDue":    testHeldSubClose,
+		"SlowHandlerIsLeased":        testHeldSubSlowHandler,
+		"LostBatchLeavesItsQueue":    testHeldSubLostBatch,
+		"SlowBatchesDoNotStopClaims": testHeldSubSlotsFull,
+		"OrderedKeysInSequence":      testHeldSubOrdered,
+		"NoReceiptForTransactions":   testHeldSubNoReceipt,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -222,17 +225,66 @@ func testHeldSubClose(t *testing.T, e *env) {
 }
 
 func testHeldSubSlowHandler(t *testing.T, e *env) {
-	id := e.enqueue(event("held", "slow")).ID
-	// The database ends a held claim idle for a Lease (1 s): the
-	// subscription must keep it open while the handler runs for 2.5 s.
-	_, msgs := heldSubscribe(t, e, "held", outbox.SubscriberConfig{Lease: time.Second})
-	m := receive(t, msgs, 10*time.Second)
-	time.Sleep(2500 * time.Millisecond)
-	m.Ack()
+	fast := e.enqueue(event("held", "fast")).ID
+	slow := e.enqueue(event("held", "slow")).ID
+	// With a Lease of 1 s a batch still open after 333 ms is settled
+	// early: the acked event is delivered and the slow one leased, and
+	// its lease extended, while its handler runs for 2.5 s.
+	_, msgs := heldSubscribe(t, e, "held", outbox.SubscriberConfig{Lease: time.Second, MaxInFlight: 2})
+	var slowMsg *message.Message
+	for range 2 {
+		m := receive(t, msgs, 10*time.Second)
+		if m.UUID == "fast" {
+			m.Ack()
+		} else {
+			slowMsg = m
+		}
+	}
+	time.Sleep(time.Second)
+	e.expectRow(fast, outbox.StatusDelivered, 1)
+	e.expectRow(slow, outbox.StatusProcessing, 1)
+	time.Sleep(1500 * time.Millisecond)
+	slowMsg.Ack()
 	waitFor(t, "the slow event delivered", func() bool {
-		return e.count("SELECT COUNT(*) FROM millpond_outbox WHERE id = ? AND status = 'delivered' AND attempts = 1", id) == 1
+		return e.count("SELECT COUNT(*) FROM millpond_outbox WHERE id = ? AND status = 'delivered' AND attempts = 1", slow) == 1
 	})
 	expectNothing(t, msgs, 500*time.Millisecond)
+}
+
+// testHeldSubLostBatch: a batch whose transaction dies (its backend is
+// terminated) cannot settle; its events are due again and claimed anew,
+// and the copies it still has queued are not handed out, so no event but
+// the one whose ack was lost is handled twice.
+func testHeldSubLostBatch(t *testing.T, e *env) {
+	e.enqueueAll(event("held", "a"), event("held", "b"), event("held", "c"), event("held", "d"), event("held", "e"))
+	_, msgs := heldSubscribe(t, e, "held", outbox.SubscriberConfig{Lease: 3 * time.Second})
+	first := receive(t, msgs, 10*time.Second)
+	if n := e.count("SELECT COUNT(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = ? AND state = 'idle in transaction') k", e.db.Name); n == 0 {
+		t.Fatal("no held transaction to end")
+	}
+	time.Sleep(1500 * time.Millisecond) // the early settle (after 1 s) fails
+	seen := map[string]int{first.UUID: 1}
+	first.Ack()
+	deadline := time.After(3 * time.Second)
+collect:
+	for {
+		select {
+		case m := <-msgs:
+			seen[m.UUID]++
+			m.Ack()
+		case <-deadline:
+			break collect
+		}
+	}
+	for _, key := range []string{"a", "b", "c", "d", "e"} {
+		want := 1
+		if key == first.UUID {
+			want = 2 // its ack was lost with the batch
+		}
+		if seen[key] != want {
+			t.Errorf("%s handled %d times, want %d (all: %v)", key, seen[key], want, seen)
+		}
+	}
 }
 
 func testHeldSubOrdered(t *testing.T, e *env) {
@@ -327,5 +379,42 @@ func testHeldSubBudget(t *testing.T, e *env) {
 	}
 	waitFor(t, "every row delivered at attempt 1", func() bool {
 		return e.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = 'held' AND status = 'delivered' AND attempts = 1") == n
+	})
+}
+
+// testHeldSubSlotsFull: with its three held batches open behind unsettled
+// messages, the subscription claims its next batches under leases instead
+// of waiting for one to settle (which would take Lease/3, here 10 s).
+func testHeldSubSlotsFull(t *testing.T, e *env) {
+	evs := make([]outbox.Event, 8)
+	for i := range evs {
+		evs[i] = event("held", fmt.Sprint("k", i))
+	}
+	e.enqueueAll(evs...)
+	_, msgs := heldSubscribe(t, e, "held", outbox.SubscriberConfig{BatchSize: 1, MaxInFlight: 4})
+	var waiting []*message.Message
+	for range 3 { // one per batch: every slot taken
+		m := receive(t, msgs, 10*time.Second)
+		if _, ok := outbox.ReceiptFromContext(m.Context()); ok {
+			t.Fatalf("message %s of the first three batches was leased", m.UUID)
+		}
+		waiting = append(waiting, m)
+	}
+	leased := 0
+	for range len(evs) - 3 {
+		m := receive(t, msgs, 2*time.Second)
+		if _, ok := outbox.ReceiptFromContext(m.Context()); ok {
+			leased++
+		}
+		m.Ack()
+	}
+	if leased == 0 {
+		t.Error("no batch was claimed under a lease while the held ones were open")
+	}
+	for _, m := range waiting {
+		m.Ack()
+	}
+	waitFor(t, "every event delivered", func() bool {
+		return e.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = 'held' AND status = 'delivered' AND attempts = 1") == int64(len(evs))
 	})
 }

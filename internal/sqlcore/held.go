@@ -307,19 +307,6 @@ func (h *Held) settle(ctx context.Context, tx Tx, delivered, lease []int64) ([]R
 	return out, nil
 }
 
-// Touch runs a trivial statement in the held claim's transaction, which
-// restarts the database's idle clock (the request's lease): a holder whose
-// events are still being handled calls it now and then.
-func (h *Held) Touch(ctx context.Context) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.tx == nil {
-		return ErrHeldSettled
-	}
-	_, err := h.tx.ExecContext(ctx, "SELECT 1")
-	return err
-}
-
 // Abort ends the held claim without settling anything: every event it held
 // is due again, unchanged. Aborting an ended claim does nothing.
 func (h *Held) Abort() error {
