@@ -61,6 +61,17 @@ func init() {
 		},
 	})
 	register(systemInfo{
+		name:     "millpond-held-ordered-1000",
+		label:    "millpond, bare Subscriber, ordering keys over 1000 keys (batch 1000, 8 in flight), HoldClaims",
+		notes:    "as millpond-ordered-1000, with SubscriberConfig.HoldClaims: each held batch's settle acknowledges its ordered events and promotes the next event of each key, which the subscription then claims",
+		order:    5,
+		dialects: []string{dialectPostgres},
+		extra:    true,
+		new: func(o Options) System {
+			return &millpondSystem{workers: o.Workers, batch: 1000, inFlight: o.Workers, orderKeys: 1000, hold: true}
+		},
+	})
+	register(systemInfo{
 		name:     "millpond-bus-held",
 		label:    "millpond, bus + typed handler (batch 1000, 8 in flight), HoldClaims",
 		notes:    "as millpond-bus, with bus.Config.Subscriber.HoldClaims (see millpond-held)",
