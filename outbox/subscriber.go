@@ -729,20 +729,7 @@ func (sub *subscription) deliver(q queued) bool {
 				}
 				return true
 			}
-			sub.mu.Lock()
-			sub.settled[c.ID] = ackQueued
-			sub.mu.Unlock()
-			if c.OrderingKey != "" {
-				sub.orderedAcks.Add(1)
-			}
-			sub.acks <- c.Receipt()
-			if c.OrderingKey != "" && len(sub.acks) >= secondWriteMin {
-				// A second write may start. Taking the lock orders this
-				// signal after the acknowledger's check or while it waits.
-				sub.ackMu.Lock()
-				sub.ackMu.Unlock() //nolint:staticcheck // an empty critical section on purpose
-				sub.ackCond.Broadcast()
-			}
+			sub.queueAck(c)
 			return true
 		case <-msg.Nacked():
 			unsettled = ""
@@ -768,6 +755,24 @@ func (sub *subscription) deliver(q queued) bool {
 			sub.forget(c.Receipt())
 			return false
 		}
+	}
+}
+
+// queueAck hands the ack of a leased claim to the acknowledger.
+func (sub *subscription) queueAck(c Claimed) {
+	sub.mu.Lock()
+	sub.settled[c.ID] = ackQueued
+	sub.mu.Unlock()
+	if c.OrderingKey != "" {
+		sub.orderedAcks.Add(1)
+	}
+	sub.acks <- c.Receipt()
+	if c.OrderingKey != "" && len(sub.acks) >= secondWriteMin {
+		// A second write may start. Taking the lock orders this signal
+		// after the acknowledger's check or while it waits.
+		sub.ackMu.Lock()
+		sub.ackMu.Unlock() //nolint:staticcheck // an empty critical section on purpose
+		sub.ackCond.Broadcast()
 	}
 }
 

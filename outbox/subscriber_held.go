@@ -226,13 +226,7 @@ func (sub *subscription) leasedDone(b *heldBatch, c Claimed, outcome heldOutcome
 	c.ClaimKey = key
 	switch outcome {
 	case heldDelivered:
-		sub.mu.Lock()
-		sub.settled[c.ID] = ackQueued
-		sub.mu.Unlock()
-		if c.OrderingKey != "" {
-			sub.orderedAcks.Add(1)
-		}
-		sub.acks <- c.Receipt()
+		sub.queueAck(c)
 	case heldFailed:
 		sub.fail(c, msg)
 	default:

@@ -85,19 +85,7 @@ func TestSubscriberHoldClaimsUnsupported(t *testing.T) {
 func heldSubscribe(t *testing.T, e *env, stream string, cfg outbox.SubscriberConfig) (*outbox.Subscriber, <-chan *message.Message) {
 	t.Helper()
 	cfg.HoldClaims = true
-	if cfg.PollInterval == 0 {
-		cfg.PollInterval = 10 * time.Millisecond
-	}
-	sub, err := outbox.NewSubscriber(e.s, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Close() })
-	msgs, err := sub.Subscribe(context.Background(), stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sub, msgs
+	return subscribe(t, e.s, cfg, stream)
 }
 
 // waitFor polls cond for up to 10 s.

@@ -1,7 +1,6 @@
 package tests
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -53,15 +52,7 @@ func TestInProcessEnqueueWakesItsSubscribers(t *testing.T) {
 // a wake-up. The subscriber closes at the end of the test.
 func idleSubscription(t *testing.T, store *outbox.Store, stream string) <-chan *message.Message {
 	t.Helper()
-	sub, err := outbox.NewSubscriber(store, outbox.SubscriberConfig{PollInterval: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Close() })
-	msgs, err := sub.Subscribe(context.Background(), stream)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, msgs := subscribe(t, store, outbox.SubscriberConfig{PollInterval: time.Minute}, stream)
 	return msgs
 }
 
