@@ -245,6 +245,7 @@ func (sub *subscription) settleHeld(b *heldBatch, lease []Claimed) map[int64]str
 	b.delivered, b.failed, b.kinds = nil, nil, map[string]int{}
 	sub.mu.Unlock()
 	if len(delivered) == 0 && len(failed) == 0 && len(lease) == 0 {
+		sub.tel.heldBatchEnded(sub.ctx, "aborted")
 		sub.abortHeld(b)
 		return nil
 	}
@@ -261,10 +262,16 @@ func (sub *subscription) settleHeld(b *heldBatch, lease []Claimed) map[int64]str
 	sub.endHeld() // the transaction ended: the failures below are leased claims
 	if err != nil {
 		b.lost.Store(true)
+		sub.tel.heldBatchEnded(sub.ctx, "lost")
 		_ = b.claim.Abort()
 		sub.logger.Error("Could not settle a held batch; its events will be delivered again (nacked ones without their backoff)", err,
 			watermill.LogFields{"acked": len(delivered), "nacked": len(failed), "unsettled": len(lease)})
 		return nil
+	}
+	if len(lease) > 0 {
+		sub.tel.heldBatchEnded(sub.ctx, "settled_early")
+	} else {
+		sub.tel.heldBatchEnded(sub.ctx, "settled")
 	}
 	for kind, n := range kinds {
 		sub.tel.acknowledged(sub.ctx, kind, n)

@@ -47,7 +47,8 @@ const (
 	AttrEventKind = attribute.Key("millpond.event.kind")
 	// AttrOutcome is how a handling ended: "ack" or "nack" on
 	// millpond.handler.duration; on the consumer span only when it was not
-	// acked: "nack", or "released"/"timeout" for a message never settled.
+	// acked: "nack", or "released"/"timeout" for a message never settled;
+	// how a held batch ended on millpond.held_batches.
 	AttrOutcome = attribute.Key("millpond.outcome")
 	// AttrAttempt is the attempt number of a handling, on the consumer
 	// span (1 for the first).
@@ -108,6 +109,7 @@ type telemetry struct {
 	acknowledged metric.Int64Counter
 	retried      metric.Int64Counter
 	deadLettered metric.Int64Counter
+	heldBatches  metric.Int64Counter
 	handlerTime  metric.Float64Histogram
 	latency      metric.Float64Histogram
 	batchSize    metric.Int64Histogram
@@ -154,6 +156,10 @@ func newTelemetry(o storeOptions) (*telemetry, error) {
 	t.acknowledged = counter("millpond.events.acknowledged", "Events whose acknowledgement a Subscriber wrote, or that a handler acknowledged in its own transaction.")
 	t.retried = counter("millpond.events.retried", "Events failed by a Subscriber (Nack) and scheduled for another attempt.")
 	t.deadLettered = counter("millpond.events.dead_lettered", "Events dead-lettered by a Subscriber after a Nack (at the attempt limit, or at once for a permanent failure).")
+	var err error
+	t.heldBatches, err = m.Int64Counter("millpond.held_batches", metric.WithUnit("{batch}"),
+		metric.WithDescription("Batches a Subscriber held (HoldClaims) and ended, by outcome: settled, settled_early (still open after Lease/3: the rest leased), lost (the settle failed: its events due again), aborted (nothing to settle)."))
+	errs = append(errs, err)
 	hist := func(name, desc string) metric.Float64Histogram {
 		h, err := m.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc), metric.WithExplicitBucketBoundaries(secondsBuckets...))
 		errs = append(errs, err)
@@ -162,7 +168,6 @@ func newTelemetry(o storeOptions) (*telemetry, error) {
 	t.handlerTime = hist("millpond.handler.duration", "Time from handing a message to the handler to its Ack or Nack.")
 	t.latency = hist("millpond.delivery.latency", "Time from an event's enqueue (its created time, by the database's clock) to its hand-out to a handler, by this process's clock.")
 	t.statsTime = hist("millpond.stats.duration", "Duration of the Stats queries behind the backlog gauges; its count is the number of queries.")
-	var err error
 	t.batchSize, err = m.Int64Histogram("millpond.claim.batch_size", metric.WithUnit("{event}"),
 		metric.WithDescription("Events per claim that found any."), metric.WithExplicitBucketBoundaries(batchBuckets...))
 	errs = append(errs, err)
@@ -405,6 +410,14 @@ func (st *subTelemetry) claimed(ctx context.Context, cs []Claimed) {
 func (st *subTelemetry) acknowledged(ctx context.Context, kind string, n int) {
 	if n > 0 {
 		st.t.acknowledged.Add(ctx, int64(n), st.kind(kind).attrs)
+	}
+}
+
+// heldBatchEnded counts a held batch's end (see telemetry.heldBatches).
+func (st *subTelemetry) heldBatchEnded(ctx context.Context, outcome string) {
+	if st.t.heldBatches.Enabled(ctx) {
+		st.t.heldBatches.Add(ctx, 1, metric.WithAttributes(systemAttr, semconv.MessagingDestinationName(st.stream),
+			semconv.MessagingConsumerGroupName(st.group), AttrOutcome.String(outcome)))
 	}
 }
 

@@ -41,6 +41,13 @@ func TestSubscriberHoldClaims(t *testing.T) {
 			run(t, e)
 		})
 	}
+	t.Run("MetricsCountHeldBatches", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, "postgres", false)
+		rig := newTelemetryRig(t)
+		e.s = poolStore(t, e.db, 12, rig.options()...)
+		testHeldSubMetrics(t, e, rig)
+	})
 	t.Run("StoreBudgetFallsBackToLeases", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t, "postgres", false)
@@ -51,14 +58,14 @@ func TestSubscriberHoldClaims(t *testing.T) {
 
 // poolStore opens a store of its own on db's schema over a pool of
 // maxConns connections (a store holds claims on at most a quarter).
-func poolStore(t *testing.T, db *testdb.Database, maxConns int) *outbox.Store {
+func poolStore(t *testing.T, db *testdb.Database, maxConns int, opts ...outbox.Option) *outbox.Store {
 	t.Helper()
 	pool, err := pgxpool.New(context.Background(), db.URL+"&pool_max_conns="+strconv.Itoa(maxConns))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	s, err := postgres.New(pool)
+	s, err := postgres.New(pool, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -405,4 +412,39 @@ func testHeldSubSlotsFull(t *testing.T, e *env) {
 	waitFor(t, "every event delivered", func() bool {
 		return e.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = 'held' AND status = 'delivered' AND attempts = 1") == int64(len(evs))
 	})
+}
+
+// testHeldSubMetrics: millpond.held_batches counts a batch settled early
+// (a message still open after Lease/3) and one settled whole.
+func testHeldSubMetrics(t *testing.T, e *env, rig *telemetryRig) {
+	e.enqueueAll(event("held", "fast"), event("held", "slow"))
+	_, msgs := heldSubscribe(t, e, "held", outbox.SubscriberConfig{Lease: time.Second, MaxInFlight: 2})
+	var slow *message.Message
+	for range 2 {
+		m := receive(t, msgs, 10*time.Second)
+		if m.UUID == "slow" {
+			slow = m
+			continue
+		}
+		m.Ack()
+	}
+	time.Sleep(600 * time.Millisecond) // past Lease/3
+	slow.Ack()
+	e.enqueueAll(event("held", "a"), event("held", "b"))
+	for range 2 {
+		receive(t, msgs, 10*time.Second).Ack()
+	}
+	waitFor(t, "every event delivered", func() bool {
+		return e.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = 'held' AND status = 'delivered'") == 4
+	})
+	rm := rig.collect(t)
+	if n, _ := metricValue(rm, "millpond.held_batches", outbox.AttrOutcome.String("settled_early")); n != 1 {
+		t.Errorf("held_batches{settled_early} = %v, want 1", n)
+	}
+	if n, _ := metricValue(rm, "millpond.held_batches", outbox.AttrOutcome.String("settled")); n < 1 {
+		t.Errorf("held_batches{settled} = %v, want at least 1", n)
+	}
+	if n, _ := metricValue(rm, "millpond.held_batches", outbox.AttrOutcome.String("lost")); n != 0 {
+		t.Errorf("held_batches{lost} = %v, want 0", n)
+	}
 }
