@@ -49,6 +49,9 @@ type fanoutSystem interface {
 // fanoutSystems returns the fan-out systems for the dialect.
 func fanoutSystems(dialect string, workers int) []fanoutSystem {
 	out := []fanoutSystem{&millpondFanout{workers: workers}}
+	if dialect == dialectPostgres {
+		out = append(out, &millpondFanout{workers: workers, hold: true})
+	}
 	if dialect != dialectSQLite {
 		out = append(out, &watermillFanout{})
 	}
@@ -80,6 +83,9 @@ func runFanout(ctx context.Context, db *database, cfg config) ([]fanoutEnqueue, 
 	n := cfg.fanoutEvents
 	for _, groups := range fanoutGroups {
 		for _, sys := range systems {
+			if m, ok := sys.(*millpondFanout); ok && m.hold {
+				continue // enqueues as millpond does: measured for delivery only
+			}
 			r := fanoutEnqueue{system: sys.label(), groups: groups}
 			r.cost, r.ratios, r.bytesPerEvent, r.err = measureFanoutEnqueue(ctx, db, cfg, sys, groups, n)
 			if r.err != nil {
@@ -190,9 +196,11 @@ func measureFanoutDelivery(ctx context.Context, db *database, cfg config, sys fa
 
 // millpondFanout: an event row in millpond_events and a delivery row per
 // event and group in millpond_deliveries; each group read by a bare
-// Subscriber (batch 1000, -workers in flight).
+// Subscriber (batch 1000, -workers in flight), holding its claims when hold
+// is set (SubscriberConfig.HoldClaims).
 type millpondFanout struct {
 	workers  int
+	hold     bool
 	store    *outbox.Store
 	db       *database
 	migrated bool
@@ -200,7 +208,12 @@ type millpondFanout struct {
 	wg       sync.WaitGroup
 }
 
-func (m *millpondFanout) label() string { return "millpond" }
+func (m *millpondFanout) label() string {
+	if m.hold {
+		return "millpond, HoldClaims"
+	}
+	return "millpond"
+}
 
 func (m *millpondFanout) setup(ctx context.Context, db *database, groups int) error {
 	m.db = db
@@ -241,7 +254,7 @@ func (m *millpondFanout) start(ctx context.Context, hs []*tracker) error {
 	m.subs = nil
 	for g, h := range hs {
 		sub, err := outbox.NewSubscriber(m.store, outbox.SubscriberConfig{
-			ConsumerGroup: "group-" + strconv.Itoa(g+1), BatchSize: 1000, MaxInFlight: m.workers,
+			ConsumerGroup: "group-" + strconv.Itoa(g+1), BatchSize: 1000, MaxInFlight: m.workers, HoldClaims: m.hold,
 		})
 		if err != nil {
 			return err
