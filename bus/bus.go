@@ -199,6 +199,9 @@ func (b *Bus) subscriberConfig(group string, kinds []string, p handlers.Policy) 
 	if p.DeadLetterPolicy == handlers.DeadLetterSkip {
 		c.DeadLetterPolicy = outbox.DeadLetterSkip
 	}
+	if p.HoldClaims {
+		c.HoldClaims = true
+	}
 	return c
 }
 

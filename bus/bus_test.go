@@ -447,3 +447,85 @@ func TestUnroutedDeadLettersCanBeRerouted(t *testing.T) {
 		})
 	}
 }
+
+// TestHandlerHoldClaims: a handler built WithHoldClaims gets its events from
+// held claims (its Meta.AcknowledgeInTx refuses them) while a handler of the
+// same bus without the option acknowledges in its own transaction; each
+// handles every event once. Other databases refuse the option at New.
+func TestHandlerHoldClaims(t *testing.T) {
+	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
+		db := testdb.New(t, "postgres")
+		store := db.Store(t)
+		held, inTx := newCounter(), newCounter()
+		var heldRefused, inTxErrors atomic.Int64
+		b, err := bus.New(store, bus.Config{Subscriber: fastSubscriber},
+			handlers.New("held", "orders", "OrderPlaced", func(ctx context.Context, ev orderPlaced, meta handlers.Meta) error {
+				tx, err := store.SQLDB().BeginTx(ctx, nil)
+				if err != nil {
+					return err
+				}
+				defer func() { _ = tx.Rollback() }()
+				if errors.Is(meta.AcknowledgeInTx(ctx, outbox.SQLTx(tx)), outbox.ErrNoReceipt) {
+					heldRefused.Add(1)
+				}
+				held.add(ev.OrderID)
+				return nil
+			}, handlers.WithHoldClaims()),
+			handlers.New("in-tx", "orders", "OrderPlaced", func(ctx context.Context, ev orderPlaced, meta handlers.Meta) error {
+				tx, err := store.SQLDB().BeginTx(ctx, nil)
+				if err != nil {
+					return err
+				}
+				if err := meta.AcknowledgeInTx(ctx, outbox.SQLTx(tx)); err != nil {
+					inTxErrors.Add(1)
+					_ = tx.Rollback()
+					return err
+				}
+				if err := tx.Commit(); err != nil {
+					return err
+				}
+				inTx.add(ev.OrderID)
+				return nil
+			}),
+		)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Stop(context.Background()) })
+		var payloads [][]byte
+		for i := 1; i <= 50; i++ {
+			payloads = append(payloads, order(i))
+		}
+		publish(t, db, store, "orders", "OrderPlaced", payloads...)
+		waitFor(t, "every event handled by both", func() bool {
+			return len(held.snapshot()) == 50 && len(inTx.snapshot()) == 50
+		})
+		time.Sleep(100 * time.Millisecond) // let any duplicate show
+		for name, c := range map[string]*counter{"held": held, "in-tx": inTx} {
+			for id, n := range c.snapshot() {
+				if n != 1 {
+					t.Errorf("%s handled order %d %d times", name, id, n)
+				}
+			}
+		}
+		if heldRefused.Load() == 0 {
+			t.Error("no delivery of the WithHoldClaims handler came from a held claim")
+		}
+		if n := inTxErrors.Load(); n != 0 {
+			t.Errorf("%d acknowledgements in the handler's transaction failed for the handler without the option", n)
+		}
+	})
+	t.Run("sqlite", func(t *testing.T) {
+		t.Parallel()
+		store := testdb.New(t, "sqlite").Store(t)
+		_, err := bus.New(store, bus.Config{}, handlers.New("held", "orders", "OrderPlaced",
+			func(context.Context, orderPlaced, handlers.Meta) error { return nil }, handlers.WithHoldClaims()))
+		if !errors.Is(err, errors.ErrUnsupported) {
+			t.Fatalf("WithHoldClaims on SQLite: want errors.ErrUnsupported, got %v", err)
+		}
+	})
+}

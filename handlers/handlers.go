@@ -56,6 +56,11 @@ type Policy struct {
 	// does to the later events of its key for this handler: hold them (the
 	// zero value) until it is requeued, or skip it.
 	DeadLetterPolicy DeadLetterPolicy
+	// HoldClaims makes this handler's subscriber hold its claims
+	// (outbox.SubscriberConfig.HoldClaims, PostgreSQL only) whatever the
+	// bus's default is. Meta.AcknowledgeInTx then fails for its held
+	// deliveries.
+	HoldClaims bool
 }
 
 // DeadLetterPolicy says what a dead-lettered event with an ordering key
@@ -102,7 +107,8 @@ type Meta struct {
 // its own and reports no lost lease. If tx rolls back, return the error:
 // the event is retried. It returns outbox.ErrStaleClaim when the delivery's
 // lease was lost, and outbox.ErrNoReceipt for a Meta that did not come from
-// an outbox delivery.
+// an outbox delivery or came from a held claim (WithHoldClaims, or the
+// bus's Subscriber.HoldClaims).
 func (m Meta) AcknowledgeInTx(ctx context.Context, tx outbox.Tx) error {
 	if m.msg == nil {
 		return fmt.Errorf("handlers: acknowledge in a transaction: %w", outbox.ErrNoReceipt)
@@ -192,6 +198,12 @@ func WithLease(d time.Duration) Option { return func(p *Policy) { p.Lease = d } 
 
 // WithMaxInFlight sets how many events of the handler run at once.
 func WithMaxInFlight(n int) Option { return func(p *Policy) { p.MaxInFlight = n } }
+
+// WithHoldClaims makes the handler's subscriber hold its claims
+// (outbox.SubscriberConfig.HoldClaims: PostgreSQL only; fewer writes per
+// delivery, no AcknowledgeInTx). Suits handlers that finish within seconds
+// and keep no exactly-once effects of their own.
+func WithHoldClaims() Option { return func(p *Policy) { p.HoldClaims = true } }
 
 // WithDeadLetterPolicy sets what a dead-lettered event with an ordering key
 // does to the later events of its key (default DeadLetterHold).
