@@ -626,11 +626,7 @@ func testReroutePendingChunks(t *testing.T, e *env) {
 // goroutines at once, neither deadlock nor delete a row twice.
 func testConcurrentDiscards(t *testing.T, e *env) {
 	const n = 300
-	evs := make([]outbox.Event, n)
-	for i := range evs {
-		evs[i] = event("s", fmt.Sprintf("k%04d", i))
-	}
-	e.enqueueAll(evs...)
+	e.enqueueAll(keyedEvents("s", n)...)
 	var ids []int64
 	for {
 		cs := e.claim(outbox.ClaimRequest{Stream: "s", Worker: "w", Limit: 100, Lease: time.Minute, MaxAttempts: 1})

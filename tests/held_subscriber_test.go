@@ -125,10 +125,7 @@ func (e *env) lockedRows(stream string) int64 {
 
 func testHeldSubDelivers(t *testing.T, e *env) {
 	const n = 300
-	evs := make([]outbox.Event, n)
-	for i := range evs {
-		evs[i] = event("held", fmt.Sprint("k", i))
-	}
+	evs := keyedEvents("held", n)
 	e.enqueueAll(evs...)
 	_, msgs := heldSubscribe(t, e, "held", outbox.SubscriberConfig{BatchSize: 100, MaxInFlight: 4})
 
@@ -338,10 +335,7 @@ func testHeldSubNoReceipt(t *testing.T, e *env) {
 // receipts on the messages); every event is still delivered once.
 func testHeldSubBudget(t *testing.T, e *env) {
 	const n = 300
-	evs := make([]outbox.Event, n)
-	for i := range evs {
-		evs[i] = event("held", fmt.Sprint("k", i))
-	}
+	evs := keyedEvents("held", n)
 	e.enqueueAll(evs...)
 	_, msgs := heldSubscribe(t, e, "held", outbox.SubscriberConfig{BatchSize: 100})
 	first := receive(t, msgs, 10*time.Second)
@@ -381,10 +375,7 @@ func testHeldSubBudget(t *testing.T, e *env) {
 // messages, the subscription claims its next batches under leases instead
 // of waiting for one to settle (which would take Lease/3, here 10 s).
 func testHeldSubSlotsFull(t *testing.T, e *env) {
-	evs := make([]outbox.Event, 8)
-	for i := range evs {
-		evs[i] = event("held", fmt.Sprint("k", i))
-	}
+	evs := keyedEvents("held", 8)
 	e.enqueueAll(evs...)
 	_, msgs := heldSubscribe(t, e, "held", outbox.SubscriberConfig{BatchSize: 1, MaxInFlight: 4})
 	var waiting []*message.Message
@@ -447,4 +438,13 @@ func testHeldSubMetrics(t *testing.T, e *env, rig *telemetryRig) {
 	if n, _ := metricValue(rm, "millpond.held_batches", outbox.AttrOutcome.String("lost")); n != 0 {
 		t.Errorf("held_batches{lost} = %v, want 0", n)
 	}
+}
+
+// keyedEvents are n events of stream with the keys k0000, k0001, ...
+func keyedEvents(stream string, n int) []outbox.Event {
+	evs := make([]outbox.Event, n)
+	for i := range evs {
+		evs[i] = event(stream, fmt.Sprintf("k%04d", i))
+	}
+	return evs
 }
