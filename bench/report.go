@@ -236,22 +236,21 @@ func (r report) fanoutFor(system string, groups int) *fanoutEnqueue {
 
 // fanoutSystemNames lists the fan-out systems in order of first appearance.
 func (r report) fanoutSystemNames() []string {
-	var names []string
-	for _, f := range r.fanout {
-		if !slices.Contains(names, f.system) {
-			names = append(names, f.system)
-		}
-	}
-	return names
+	return firstSeen(r.fanout, func(f fanoutEnqueue) string { return f.system })
 }
 
 // fanoutDeliveryNames lists the systems of the fan-out delivery runs in
 // order of first appearance.
 func (r report) fanoutDeliveryNames() []string {
+	return firstSeen(r.fanoutDelivery, func(d fanoutDelivery) string { return d.system })
+}
+
+// firstSeen lists the distinct names of items in order of first appearance.
+func firstSeen[T any](items []T, name func(T) string) []string {
 	var names []string
-	for _, d := range r.fanoutDelivery {
-		if !slices.Contains(names, d.system) {
-			names = append(names, d.system)
+	for _, it := range items {
+		if n := name(it); !slices.Contains(names, n) {
+			names = append(names, n)
 		}
 	}
 	return names
