@@ -166,6 +166,44 @@ func ExampleSubscriber() {
 	// Output: OrderPlaced {"order_id":42}
 }
 
+// A Subscriber that holds its claims on PostgreSQL (HoldClaims): each batch
+// stays locked in a transaction of its own while its messages are handled
+// and is settled by one statement when the last is acked. For handlers that
+// finish within seconds and do not acknowledge in their own transaction. It
+// needs a PostgreSQL server, so go test compiles it but does not run it;
+// tests/held_subscriber_test.go runs held subscribers on a real server.
+func ExampleSubscriberConfig_holdClaims() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://app@127.0.0.1:5432/app?sslmode=disable")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	store, err := postgres.New(pool) // up to a quarter of the pool's connections hold batches
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	sub, err := outbox.NewSubscriber(store, outbox.SubscriberConfig{
+		ConsumerGroup: "index-orders",
+		BatchSize:     1000,
+		MaxInFlight:   8,
+		HoldClaims:    true,
+	})
+	if err != nil {
+		log.Fatal(err) // errors.ErrUnsupported on MySQL and SQLite
+	}
+	defer sub.Close()
+	msgs, err := sub.Subscribe(ctx, "orders")
+	if err != nil {
+		log.Fatal(err)
+	}
+	for msg := range msgs {
+		fmt.Println(msg.Metadata.Get(outbox.MetadataKind))
+		msg.Ack() // written when the batch's last message is settled
+	}
+}
+
 // exampleStore opens a migrated Store on a SQLite file in a new temporary
 // directory, as sqlite.Open does in its example; cleanup closes it and removes the
 // directory.
