@@ -759,8 +759,8 @@ func (c *Core) ackMySQL(ctx context.Context, ex Executor, rs []Receipt, hand *Cl
 		return live, nil, err
 	}
 	ids := slices.Sorted(maps.Keys(live))
-	text, extra = expandIDs(c.stmts.ackMark.text, ids)
-	if _, err = ex.ExecContext(ctx, text, append(c.stmts.ackMark.args(map[string]any{"now": c.nowArg()}), extra...)...); err != nil {
+	text, args := c.withIDs(c.stmts.ackMark, map[string]any{"now": c.nowArg()}, ids)
+	if _, err = ex.ExecContext(ctx, text, args...); err != nil {
 		return nil, nil, err
 	}
 	next, err := c.releaseKeysNext(ctx, ex, keys, hand)
@@ -786,8 +786,13 @@ var errNotAll = errors.New("not every receipt was settled")
 // whether the connection reports changed or matched rows.
 func (c *Core) ackAllMySQL(ctx context.Context, rs []Receipt) (bool, error) {
 	q := c.stmts.ackAll
-	text, extra := expandReceipts(q.text, inIDOrder(rs))
-	args := append(q.args(map[string]any{"now": c.nowArg()}), extra...)
+	rs = inIDOrder(rs)
+	ids := make([]int64, len(rs))
+	for i, r := range rs {
+		ids[i] = r.ID
+	}
+	text, extra := expandReceipts(q.text, rs)
+	args := append(q.args(map[string]any{"now": c.nowArg(), "ids": jsonIDs(ids)}), extra...)
 	err := c.inTxRetry(ctx, "acknowledge", &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
 		res, err := tx.ExecContext(ctx, text, args...)
 		if err != nil {

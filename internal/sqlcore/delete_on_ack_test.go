@@ -21,7 +21,7 @@ func TestDeleteOnAckStatements(t *testing.T) {
 			if k == "" || d == MySQL && name == "ack" {
 				continue // not a statement of this dialect; MySQL's ack locks, ackMark settles
 			}
-			if strings.Contains(x, "'delivered'") || !strings.Contains(x, "DELETE FROM millpond_deliveries") {
+			if strings.Contains(x, "'delivered'") || !strings.Contains(x, "DELETE FROM millpond_deliveries") && !strings.Contains(x, "DELETE d FROM") {
 				t.Errorf("%s %s with deleteOnAck does not delete:\n%s", d, name, x)
 			}
 			if strings.Contains(k, "DELETE") {

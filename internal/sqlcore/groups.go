@@ -275,10 +275,15 @@ func (c *Core) lockRows(ctx context.Context, tx Tx, lock query, stream string, i
 }
 
 // withIDs binds a statement that takes a list of ids: an array parameter on
-// PostgreSQL, an expanded {ids} list elsewhere.
+// PostgreSQL, a JSON array on MySQL where the statement takes @ids (see
+// jsonIDs), an expanded {ids} list elsewhere.
 func (c *Core) withIDs(q query, vals map[string]any, ids []int64) (string, []any) {
 	if c.dialect == Postgres {
 		vals["ids"] = ids
+		return q.text, q.args(vals)
+	}
+	if slices.Contains(q.names, "ids") {
+		vals["ids"] = jsonIDs(ids)
 		return q.text, q.args(vals)
 	}
 	text, extra := expandIDs(q.text, ids)

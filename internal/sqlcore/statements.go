@@ -25,7 +25,7 @@ type statements struct {
 	claimUpdate    string
 	ack            query
 	ackMark        query // MySQL: mark the live rows that ack locked delivered ({ids})
-	ackAll         query // MySQL: acknowledge receipts of rows without an ordering key in one UPDATE ({ids}, {receipts})
+	ackAll         query // MySQL: acknowledge receipts of rows without an ordering key in one UPDATE (@ids, {receipts})
 	fail           query
 	failStatus     query
 	extend         query
@@ -276,16 +276,43 @@ func newStatements(d Dialect) *statements { return buildStatements(d, false) }
 // with the alias o (pg) or none (plain). Acknowledged rows are kept,
 // marked delivered, or with deleteOnAck deleted. The acknowledgements are
 // written once with this head, so the two forms cannot drift apart.
-type settling struct{ pg, plain string }
+//
+// mysql is MySQL's whole statement up to a WHERE clause that its caller
+// may extend (with AND): it settles the rows d of the ids in @ids, a JSON
+// array in id order (see jsonIDs), found one by one through the primary
+// key in the list's order (STRAIGHT_JOIN of the list to the table, FORCE
+// INDEX on the table). It never scans the table: over a small table
+// MariaDB scans a plain "DELETE ... WHERE id IN (...)" whole, and takes no
+// index hint in a single-table DELETE; a locking scan waits for rows that
+// other acknowledgements hold (TestMySQLListStatementsLockOnlyTheirRows).
+type settling struct{ pg, plain, mysql string }
+
+const mysqlSettleRows = `JSON_TABLE(@ids, '$[*]' COLUMNS (id BIGINT PATH '$')) l
+STRAIGHT_JOIN millpond_deliveries d FORCE INDEX (PRIMARY) ON d.id = l.id`
 
 func settlingFor(deleteOnAck bool) settling {
 	if deleteOnAck {
-		return settling{pg: "DELETE FROM millpond_deliveries o", plain: "DELETE FROM millpond_deliveries"}
+		return settling{pg: "DELETE FROM millpond_deliveries o", plain: "DELETE FROM millpond_deliveries",
+			mysql: "DELETE d FROM " + mysqlSettleRows + "\nWHERE TRUE"}
 	}
 	return settling{
 		pg:    "UPDATE millpond_deliveries o SET status = 'delivered', settled = true, delivered_at = @now",
 		plain: "UPDATE millpond_deliveries SET status = 'delivered', delivered_at = @now",
+		mysql: "UPDATE " + mysqlSettleRows + "\nSET d.status = 'delivered', d.delivered_at = @now\nWHERE TRUE",
 	}
+}
+
+// jsonIDs is ids as a JSON array, the @ids of a MySQL settling statement.
+func jsonIDs(ids []int64) string {
+	b := make([]byte, 0, 8*len(ids)+2)
+	b = append(b, '[')
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, id, 10)
+	}
+	return string(append(b, ']'))
 }
 
 // buildStatements compiles the dialect's statements; with deleteOnAck the
@@ -726,19 +753,19 @@ ORDER BY id
 FOR UPDATE SKIP LOCKED`)
 		// MySQL evaluates SET assignments left to right, each seeing the
 		// columns already assigned: last_error must read the old status.
-		s.claimDead = c(`UPDATE millpond_deliveries SET
+		s.claimDead = c(`UPDATE millpond_deliveries FORCE INDEX (PRIMARY) SET
   last_error = CASE WHEN status = 'processing' THEN '` + lastErrorLeaseExpired + `' ELSE last_error END,
   status = 'dead_letter', claimed_by = @worker, claim_key = ''
 WHERE id IN ({ids})
 ORDER BY id`)
-		s.claimUpdate = "UPDATE millpond_deliveries SET status = 'processing', attempts = attempts + 1, claimed_by = ?, available_at = ?, claim_key = LEFT(SHA2(CONCAT(?, id), 256), 32) WHERE id IN ({ids}) ORDER BY id"
+		s.claimUpdate = "UPDATE millpond_deliveries FORCE INDEX (PRIMARY) SET status = 'processing', attempts = attempts + 1, claimed_by = ?, available_at = ?, claim_key = LEFT(SHA2(CONCAT(?, id), 256), 32) WHERE id IN ({ids}) ORDER BY id"
 		// Several rows are locked in id order (see inIDOrder): the lists come
 		// sorted, InnoDB reads an id list in key order, and ORDER BY id says so.
-		s.ack = c(`SELECT id, stream, consumer_group, ordering_key FROM millpond_deliveries
+		s.ack = c(`SELECT id, stream, consumer_group, ordering_key FROM millpond_deliveries FORCE INDEX (PRIMARY)
 WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})
 ORDER BY id
 FOR UPDATE`)
-		s.ackMark = c(settle.plain + ` WHERE id IN ({ids}) ORDER BY id`)
+		s.ackMark = c(settle.mysql)
 		// The acknowledgement's first try (see Core.ackAllMySQL): one
 		// UPDATE of the receipts' rows, in id order, that settles them when
 		// every receipt is live and has no ordering key; the count of
@@ -748,10 +775,9 @@ FOR UPDATE`)
 		// compares a row value (id, claim_key) with an IN list of 1,000
 		// pairs in about 3 µs per row, this string in about 1.5 µs (a
 		// binary string: the comparison ignores collations).
-		s.ackAll = c(settle.plain + `
-WHERE status = 'processing' AND available_at > @now AND ordering_key = ''
-  AND id IN ({ids}) AND CAST(CONCAT(id, ':', claim_key) AS BINARY) IN ({receipts})
-ORDER BY id`)
+		s.ackAll = c(settle.mysql + `
+  AND d.status = 'processing' AND d.available_at > @now AND d.ordering_key = ''
+  AND CAST(CONCAT(d.id, ':', d.claim_key) AS BINARY) IN ({receipts})`)
 		s.fail = c(`UPDATE millpond_deliveries SET
   status = CASE WHEN attempts >= @max THEN 'dead_letter' ELSE 'pending' END,
   available_at = @now + @delay, last_error = @reason
@@ -771,8 +797,12 @@ WHERE id = @id AND claim_key = @key AND status = 'processing' AND available_at >
 		// next blocked event of each key that still has unsettled events
 		// (a new statement: in READ COMMITTED it sees every producer that
 		// committed before the key rows were locked) and one statement
-		// promotes them, in id order.
-		s.releaseKeys = c(`UPDATE millpond_ordering SET unsettled = unsettled - 1 WHERE {keys}
+		// promotes them, in id order. FORCE INDEX keeps the statement on
+		// primary-key ranges: over a small table MariaDB otherwise scans
+		// the whole key index, locking (and waiting for) every key row it
+		// passes, keys of other acknowledgements included, which
+		// deadlocks concurrent acknowledgements.
+		s.releaseKeys = c(`UPDATE millpond_ordering FORCE INDEX (PRIMARY) SET unsettled = unsettled - 1 WHERE {keys}
 ORDER BY stream, consumer_group, ordering_key`)
 		// blocked_seq is a blocked row's ordering_seq, NULL for every other
 		// row (a stored column, indexed after the key: migration 0005).
@@ -780,12 +810,12 @@ ORDER BY stream, consumer_group, ordering_key`)
   WHERE b.stream = k.stream AND b.consumer_group = k.consumer_group AND b.ordering_key = k.ordering_key AND b.blocked_seq IS NOT NULL
   ORDER BY b.blocked_seq LIMIT 1)
 FROM millpond_ordering k WHERE k.unsettled > 0 AND {keys}`)
-		s.promoteIDs = c(`UPDATE millpond_deliveries SET status = 'pending', available_at = GREATEST(available_at, @now)
+		s.promoteIDs = c(`UPDATE millpond_deliveries FORCE INDEX (PRIMARY) SET status = 'pending', available_at = GREATEST(available_at, @now)
 WHERE status = 'blocked' AND id IN ({ids})
 ORDER BY id`)
 		// Handing over: lock the next events (found by nextBlocked) in id
 		// order, as promoteIDs would, and read what a claim returns.
-		s.lockBlocked = c(`SELECT ` + claimRowColumns + ` FROM millpond_deliveries
+		s.lockBlocked = c(`SELECT ` + claimRowColumns + ` FROM millpond_deliveries FORCE INDEX (PRIMARY)
 WHERE status = 'blocked' AND id IN ({ids})
 ORDER BY id
 FOR UPDATE`)
@@ -803,21 +833,21 @@ ON DUPLICATE KEY UPDATE millpond_deliveries.id = millpond_deliveries.id`)
 		s.requeueHead = c(`UPDATE millpond_deliveries SET status = 'pending', attempts = 0, available_at = @now, last_error = '', key_released = 0 WHERE id = @id`)
 		s.requeueRejoined = c(`UPDATE millpond_deliveries SET status = CASE WHEN @head THEN 'pending' ELSE 'blocked' END,
   attempts = 0, available_at = @now, last_error = '', key_released = 0 WHERE id = @id`)
-		s.extend = c(`UPDATE millpond_deliveries SET available_at = @now + @lease
+		s.extend = c(`UPDATE millpond_deliveries FORCE INDEX (PRIMARY) SET available_at = @now + @lease
 WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})
 ORDER BY id`)
 		s.extendCheck = c(`SELECT id, available_at FROM millpond_deliveries WHERE status = 'processing' AND available_at = @expires AND (id, claim_key) IN ({pairs})`)
-		s.release = c(`UPDATE millpond_deliveries SET status = 'pending', attempts = GREATEST(attempts - 1, 0), available_at = @now
+		s.release = c(`UPDATE millpond_deliveries FORCE INDEX (PRIMARY) SET status = 'pending', attempts = GREATEST(attempts - 1, 0), available_at = @now
 WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pairs})
 ORDER BY id`)
-		s.requeue = c(`UPDATE millpond_deliveries SET status = 'pending', attempts = 0, available_at = @now, last_error = ''
+		s.requeue = c(`UPDATE millpond_deliveries FORCE INDEX (PRIMARY) SET status = 'pending', attempts = 0, available_at = @now, last_error = ''
 WHERE status = 'dead_letter' AND stream = @stream AND ordering_key = '' AND id IN ({ids})
 ORDER BY id`)
 		// Purge picks the oldest deliveries with a plain read, then deletes
 		// them by id, in id order: a DELETE ... ORDER BY delivered_at would
 		// lock rows in delivery order.
 		s.purgeSelect = c(`SELECT id FROM millpond_deliveries WHERE delivered_at > 0 AND delivered_at < @now - @horizon AND status = 'delivered' ORDER BY delivered_at LIMIT @limit`)
-		s.deleteDeliveries = c(`DELETE FROM millpond_deliveries WHERE id IN ({ids}) ORDER BY id`)
+		s.deleteDeliveries = c("DELETE d FROM " + mysqlSettleRows)
 		s.register = c("INSERT INTO millpond_subscriptions (stream, consumer_group, event_kind, created_at) VALUES (@stream, @group, @kind, @now) ON DUPLICATE KEY UPDATE stream = stream")
 		s.migrationsDDL = "CREATE TABLE IF NOT EXISTS millpond_schema_migrations (version INT PRIMARY KEY, name VARCHAR(128) NOT NULL, applied_at BIGINT NOT NULL) ENGINE=InnoDB"
 		s.recordSQL = "INSERT INTO millpond_schema_migrations (version, name, applied_at) VALUES (?, ?, ?)"
@@ -972,18 +1002,15 @@ func expandPairs(d Dialect, text string, rs []Receipt) (string, []any) {
 	return strings.Replace(text, "{pairs}", list, 1), args
 }
 
-// expandReceipts fills {ids} with the receipts' ids and {receipts} with
-// one "id:claim_key" string per receipt (MySQL), and returns the extra
-// arguments, ids first. The id is decimal and the key hex, so the string
-// names one (id, key) pair.
+// expandReceipts fills {receipts} with one "id:claim_key" string per
+// receipt (MySQL) and returns them as the extra arguments. The id is
+// decimal and the key hex, so the string names one (id, key) pair.
 func expandReceipts(text string, rs []Receipt) (string, []any) {
-	args := make([]any, 2*len(rs))
+	args := make([]any, len(rs))
 	for i, r := range rs {
-		args[i] = r.ID
-		args[len(rs)+i] = strconv.FormatInt(r.ID, 10) + ":" + r.ClaimKey
+		args[i] = strconv.FormatInt(r.ID, 10) + ":" + r.ClaimKey
 	}
 	marks := strings.TrimSuffix(strings.Repeat("?, ", len(rs)), ", ")
-	text = strings.Replace(text, "{ids}", marks, 1)
 	return strings.Replace(text, "{receipts}", marks, 1), args
 }
 
@@ -1115,7 +1142,9 @@ ORDER BY o.id LIMIT @limit`)
 		case Postgres:
 			return c(cols + state + " AND stream = @stream AND id = ANY(@ids::BIGINT[]) ORDER BY id FOR UPDATE")
 		case MySQL:
-			return c(cols + state + " AND stream = @stream AND id IN ({ids}) ORDER BY id FOR UPDATE")
+			// FORCE INDEX: see the MySQL statements' list statements.
+			return c(strings.Replace(cols, "FROM millpond_deliveries WHERE", "FROM millpond_deliveries FORCE INDEX (PRIMARY) WHERE", 1) +
+				state + " AND stream = @stream AND id IN ({ids}) ORDER BY id FOR UPDATE")
 		default:
 			return c(cols + state + " AND stream = @stream AND id IN ({ids}) ORDER BY id")
 		}
