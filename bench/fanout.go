@@ -254,7 +254,7 @@ func (m *millpondFanout) start(ctx context.Context, hs []*tracker) error {
 	m.subs = nil
 	for g, h := range hs {
 		sub, err := outbox.NewSubscriber(m.store, outbox.SubscriberConfig{
-			ConsumerGroup: "group-" + strconv.Itoa(g+1), BatchSize: 1000, MaxInFlight: m.workers, HoldClaims: m.hold,
+			ConsumerGroup: "group-" + strconv.Itoa(g+1), BatchSize: 1000, MaxInFlight: m.workers, HoldClaims: m.hold, HoldClaimsAfter: -1,
 		})
 		if err != nil {
 			return err

@@ -262,6 +262,7 @@ func (s *millpondSystem) newBus(h Handler) (*bus.Bus, error) {
 		cfg.Subscriber.BatchSize = s.batch
 	}
 	cfg.Subscriber.HoldClaims = s.hold
+	cfg.Subscriber.HoldClaimsAfter = -1 // steady state: held from the first claim
 	if s.inFlight > 0 {
 		opts = append(opts, handlers.WithMaxInFlight(s.inFlight))
 	}
@@ -287,6 +288,9 @@ func (s *millpondSystem) Start(ctx context.Context, handler Handler) error {
 		BatchSize:   s.batch,
 		MaxInFlight: s.inFlight,
 		HoldClaims:  s.hold,
+		// Steady state: held from the first claim (a fresh subscription
+		// leases its claims for twice its lease by default).
+		HoldClaimsAfter: -1,
 	})
 	if err != nil {
 		return err

@@ -459,7 +459,9 @@ func TestHandlerHoldClaims(t *testing.T) {
 		store := db.Store(t)
 		held, inTx := newCounter(), newCounter()
 		var heldRefused, inTxErrors atomic.Int64
-		b, err := bus.New(store, bus.Config{Subscriber: fastSubscriber},
+		sub := fastSubscriber
+		sub.HoldClaimsAfter = -1 // held from the first claim
+		b, err := bus.New(store, bus.Config{Subscriber: sub},
 			handlers.New("held", "orders", "OrderPlaced", func(ctx context.Context, ev orderPlaced, meta handlers.Meta) error {
 				tx, err := store.SQLDB().BeginTx(ctx, nil)
 				if err != nil {

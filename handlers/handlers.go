@@ -201,8 +201,10 @@ func WithMaxInFlight(n int) Option { return func(p *Policy) { p.MaxInFlight = n 
 
 // WithHoldClaims makes the handler's subscriber hold its claims
 // (outbox.SubscriberConfig.HoldClaims: PostgreSQL only; fewer writes per
-// delivery, no AcknowledgeInTx). Suits handlers that finish within seconds
-// and keep no exactly-once effects of their own.
+// delivery, no AcknowledgeInTx), once it has run for the bus's
+// Subscriber.HoldClaimsAfter (default twice the lease; leased claims
+// before). Suits handlers that finish within seconds and keep no
+// exactly-once effects of their own.
 func WithHoldClaims() Option { return func(p *Policy) { p.HoldClaims = true } }
 
 // WithDeadLetterPolicy sets what a dead-lettered event with an ordering key

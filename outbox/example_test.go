@@ -189,6 +189,10 @@ func ExampleSubscriberConfig_holdClaims() {
 		BatchSize:     1000,
 		MaxInFlight:   8,
 		HoldClaims:    true,
+		// Leased claims for the first minute after Subscribe (the default,
+		// twice the 30 s lease): an event that crashes the process on
+		// every restart still counts attempts and is dead-lettered.
+		HoldClaimsAfter: time.Minute,
 	})
 	if err != nil {
 		log.Fatal(err) // errors.ErrUnsupported on MySQL and SQLite

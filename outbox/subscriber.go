@@ -90,12 +90,24 @@ type SubscriberConfig struct {
 	// What it gives up: the acks of a batch commit together, so a crash
 	// delivers again the handled events of the open batches (at most three
 	// batches), though they are due again at once rather than after their
-	// lease; a held claim counts no attempt until it settles, so an event
-	// whose handling crashes the process every time is never dead-lettered;
-	// and held messages carry no receipt (AcknowledgeMessageInTx refuses
-	// them with ErrNoReceipt). Other databases refuse the option with an
-	// error wrapping errors.ErrUnsupported.
+	// lease; a held claim counts no attempt until it settles (a crash
+	// while holding counts none), which is why a subscription leases its
+	// claims for a while after it starts (HoldClaimsAfter); and held
+	// messages carry no receipt (AcknowledgeMessageInTx refuses them with
+	// ErrNoReceipt). Other databases refuse the option with an error
+	// wrapping errors.ErrUnsupported.
 	HoldClaims bool
+	// HoldClaimsAfter is how long a subscription with HoldClaims claims
+	// under leases after it starts before it holds its claims (default:
+	// twice Lease; negative: hold from the first claim). A held claim
+	// counts no attempt, so a process that an event's handling crashes
+	// would otherwise take that event again, held, after every restart
+	// and never dead-letter it, its batch stalled for good. Claimed under
+	// a lease after the restart, the event counts an attempt per crash
+	// and is dead-lettered after MaxAttempts crashes (so are the other
+	// events of its batch that the crashes left unacknowledged, as with
+	// leases), and the stream goes on. Ignored without HoldClaims.
+	HoldClaimsAfter time.Duration
 }
 
 // DefaultBackoff is the retry delay after a Nack of the given attempt (1
@@ -146,6 +158,9 @@ func (c *SubscriberConfig) setDefaults(listening bool) {
 	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
+	}
+	if c.HoldClaimsAfter == 0 {
+		c.HoldClaimsAfter = 2 * c.Lease
 	}
 }
 
@@ -276,17 +291,20 @@ func (s *Subscriber) Close() error {
 // subscription is one Subscribe call: a claimer, MaxInFlight dispatchers,
 // an acknowledger and a lease extender.
 type subscription struct {
-	s      *Subscriber
-	cfg    *SubscriberConfig
-	store  *Store
-	topic  string
-	ctx    context.Context // the Subscribe context: values and cancellation
-	stop   chan struct{}   // closed when the subscription must stop claiming
-	out    chan *message.Message
-	queue  chan queued   // claimed, not yet handed out
-	taken  chan struct{} // a dispatcher took from queue or handed
-	acks   chan Receipt
-	logger watermill.LoggerAdapter
+	s     *Subscriber
+	cfg   *SubscriberConfig
+	store *Store
+	topic string
+	ctx   context.Context // the Subscribe context: values and cancellation
+	stop  chan struct{}   // closed when the subscription must stop claiming
+	out   chan *message.Message
+	// started is when Subscribe made the subscription: its claims are
+	// leased until HoldClaimsAfter has passed since.
+	started time.Time
+	queue   chan queued   // claimed, not yet handed out
+	taken   chan struct{} // a dispatcher took from queue or handed
+	acks    chan Receipt
+	logger  watermill.LoggerAdapter
 
 	mu      sync.Mutex
 	held    map[int64]Receipt    // every claimed, unsettled event (for lease extension)
@@ -372,6 +390,7 @@ func newSubscription(ctx context.Context, s *Subscriber, topic string) *subscrip
 	s.store.noteGroup(topic, s.config.ConsumerGroup)
 	sub := &subscription{
 		s: s, cfg: &s.config, store: s.store, topic: topic, ctx: ctx,
+		started: time.Now(),
 		stop:    make(chan struct{}),
 		out:     make(chan *message.Message),
 		queue:   make(chan queued, s.config.BatchSize),
@@ -492,7 +511,7 @@ func (sub *subscription) claimLoop() {
 		var claimed []Claimed
 		var batch *heldBatch
 		var err error
-		if sub.holding() {
+		if sub.holding() && time.Since(sub.started) >= sub.cfg.HoldClaimsAfter {
 			var going bool
 			if batch, claimed, going, err = sub.claimHeld(req); !going {
 				return

@@ -33,6 +33,7 @@ func TestSubscriberHoldClaims(t *testing.T) {
 		"SlowBatchesDoNotStopClaims": testHeldSubSlotsFull,
 		"OrderedKeysInSequence":      testHeldSubOrdered,
 		"NoReceiptForTransactions":   testHeldSubNoReceipt,
+		"LeasesUntilHoldClaimsAfter": testHeldSubLeasesFirst,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -92,6 +93,9 @@ func TestSubscriberHoldClaimsUnsupported(t *testing.T) {
 func heldSubscribe(t *testing.T, e *env, stream string, cfg outbox.SubscriberConfig) (*outbox.Subscriber, <-chan *message.Message) {
 	t.Helper()
 	cfg.HoldClaims = true
+	if cfg.HoldClaimsAfter == 0 {
+		cfg.HoldClaimsAfter = -1 // held from the first claim
+	}
 	return subscribe(t, e.s, cfg, stream)
 }
 
@@ -156,6 +160,45 @@ func testHeldSubDelivers(t *testing.T, e *env) {
 	}
 	waitFor(t, "every row delivered at attempt 1", func() bool {
 		return e.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = 'held' AND status = 'delivered' AND attempts = 1 AND delivered_at IS NOT NULL AND claim_key = ''") == n
+	})
+}
+
+// testHeldSubLeasesFirst: a subscription claims under leases until
+// HoldClaimsAfter has passed since it started (then a restarted process
+// counts an attempt for an event that crashed it: see
+// TestHeldSubscriberCrashLoop in tests/fault), then holds its claims.
+func testHeldSubLeasesFirst(t *testing.T, e *env) {
+	const after = 1500 * time.Millisecond
+	e.enqueueAll(event("held", "early"))
+	start := time.Now()
+	_, msgs := heldSubscribe(t, e, "held", outbox.SubscriberConfig{HoldClaimsAfter: after})
+	m := receive(t, msgs, 10*time.Second)
+	if time.Since(start) >= after {
+		t.Skipf("the first message took %s, longer than HoldClaimsAfter (%s): the machine is too slow for this check", time.Since(start), after)
+	}
+	if w := e.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = 'held' AND status = 'processing' AND attempts = 1 AND claim_key <> ''"); w != 1 {
+		t.Errorf("the first event was not leased: %d rows processing under a claim key, want 1", w)
+	}
+	m.Ack()
+	waitFor(t, "the leased event delivered", func() bool {
+		return e.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = 'held' AND status = 'delivered'") == 1
+	})
+	// start was taken before Subscribe, the window counts from it.
+	time.Sleep(time.Until(start.Add(after + 200*time.Millisecond)))
+	e.enqueueAll(event("held", "late"))
+	m = receive(t, msgs, 10*time.Second)
+	if m.UUID != "late" {
+		t.Fatalf("got %s, want late", m.UUID)
+	}
+	if w := e.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = 'held' AND status = 'pending' AND attempts = 0"); w != 1 {
+		t.Errorf("the event claimed after HoldClaimsAfter was written to: %d rows pending at attempt 0, want 1", w)
+	}
+	if l := e.lockedRows("held"); l != 1 {
+		t.Errorf("%d rows locked while the event claimed after HoldClaimsAfter is handled, want 1 (held)", l)
+	}
+	m.Ack()
+	waitFor(t, "both events delivered", func() bool {
+		return e.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = 'held' AND status = 'delivered'") == 2
 	})
 }
 

@@ -33,7 +33,7 @@ func TestWatermillUniversalPubSub(t *testing.T) { testWatermillUniversalPubSub(t
 // Its store's pool has 20 connections, so up to 5 batches are held at once
 // and the suite's many concurrent subscribers also claim under leases.
 func TestWatermillUniversalPubSubHoldClaims(t *testing.T) {
-	testUniversalSuite(t, []string{"postgres"}, func(c *outbox.SubscriberConfig) { c.HoldClaims = true })
+	testUniversalSuite(t, []string{"postgres"}, func(c *outbox.SubscriberConfig) { c.HoldClaims, c.HoldClaimsAfter = true, -1 })
 }
 
 func testWatermillUniversalPubSub(t *testing.T, opts ...outbox.Option) {

@@ -84,7 +84,7 @@ func TestHeldSubscriberKilled(t *testing.T) {
 
 	// A fresh consumer, well inside the dead one's one-minute lease.
 	sub, err := outbox.NewSubscriber(store, outbox.SubscriberConfig{
-		Worker: "survivor", HoldClaims: true, BatchSize: heldKillBatch, MaxInFlight: 4, Lease: heldKillLease, PollInterval: 20 * time.Millisecond,
+		Worker: "survivor", HoldClaims: true, HoldClaimsAfter: -1, BatchSize: heldKillBatch, MaxInFlight: 4, Lease: heldKillLease, PollInterval: 20 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -162,7 +162,7 @@ func heldWorker() error {
 		return err
 	}
 	sub, err := outbox.NewSubscriber(store, outbox.SubscriberConfig{
-		Worker: "victim", HoldClaims: true, BatchSize: heldKillBatch, MaxInFlight: 4, Lease: heldKillLease,
+		Worker: "victim", HoldClaims: true, HoldClaimsAfter: -1, BatchSize: heldKillBatch, MaxInFlight: 4, Lease: heldKillLease,
 	})
 	if err != nil {
 		return err

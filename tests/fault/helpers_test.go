@@ -70,6 +70,8 @@ func TestHelperWorker(t *testing.T) {
 		err = orderedWorker()
 	case "held-worker":
 		err = heldWorker()
+	case "held-crasher":
+		err = heldCrasher()
 	default:
 		err = fmt.Errorf("unknown role %q", role)
 	}

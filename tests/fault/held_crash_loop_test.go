@@ -1,0 +1,137 @@
+package fault
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/millpond/millpond/internal/testdb"
+	"github.com/millpond/millpond/outbox"
+	"github.com/millpond/millpond/outbox/anydb"
+)
+
+const (
+	crashEvents      = 40
+	crashPoison      = 12 // the event whose handling crashes the process
+	crashBatch       = 5
+	crashLease       = 2 * time.Second
+	crashMaxAttempts = 3
+	crashStream      = "held-crash"
+	crashExit        = 7 // the exit status of a crash on the poison event
+	crashMostRuns    = 12
+)
+
+// TestHeldSubscriberCrashLoop: an event whose handling kills the process
+// (a crash, not a panic: os.Exit, nothing deferred runs) must not stall a
+// Subscriber with HoldClaims for good. A held claim counts no attempt, so
+// a process that crashed holding the event would take it again, held,
+// after every restart. With HoldClaimsAfter at its default (twice the
+// lease), a restarted subscription claims under leases first: each crash
+// counts an attempt, the event is dead-lettered after MaxAttempts crashes
+// and the stream goes on. The parent restarts the consumer after every
+// crash, up to crashMostRuns times. What is asserted:
+//
+//   - the poison event ends dead-lettered, after at most twice
+//     MaxAttempts crashes;
+//   - every event ends settled: delivered, or dead-lettered beside the
+//     poison event, claimed with it and left unacknowledged by every
+//     crash, as with leases (at most the batch claimed ahead of it).
+//
+// With HoldClaimsAfter negative (held from the first claim) the poison is
+// never dead-lettered: every run crashes on it and the test fails.
+func TestHeldSubscriberCrashLoop(t *testing.T) {
+	db := testdb.New(t, "postgres")
+	store := db.Store(t)
+	enqueueN(t, db, store, crashStream, "ev", crashEvents)
+	settled := func() bool {
+		c := statusCounts(t, db, crashStream)
+		return c[outbox.StatusDelivered]+c[outbox.StatusDead] == crashEvents
+	}
+	crashes := 0
+	for !settled() {
+		if crashes == crashMostRuns {
+			t.Fatalf("%d crashes and the stream is not settled: %v; the poison event: %s", crashes,
+				statusCounts(t, db, crashStream), poisonState(t, db))
+		}
+		c := startChild(t, fmt.Sprintf("crasher-%d", crashes+1), "held-crasher", envURL+"="+db.URL, envStream+"="+crashStream)
+		crashed := false
+		for !crashed && !settled() {
+			select {
+			case <-c.done:
+				var exit *exec.ExitError
+				if !errors.As(c.err, &exit) || exit.ExitCode() != crashExit {
+					t.Fatalf("run %d ended with %v, want exit status %d (a crash on the poison event); stderr:\n%s",
+						crashes+1, c.err, crashExit, c.stderr())
+				}
+				crashes++
+				crashed = true
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		if !crashed {
+			_ = c.cmd.Process.Kill()
+			_ = c.wait(t, 10*time.Second)
+		}
+	}
+	counts := statusCounts(t, db, crashStream)
+	if st := poisonState(t, db); st != fmt.Sprintf("%s %d", outbox.StatusDead, crashMaxAttempts) {
+		t.Errorf("the poison event: %s, want %s %d", st, outbox.StatusDead, crashMaxAttempts)
+	}
+	if crashes > 2*crashMaxAttempts {
+		t.Errorf("%d crashes before the poison event was dead-lettered, want at most %d", crashes, 2*crashMaxAttempts)
+	}
+	// The subscription claims ahead: a batch waits in its queue while its
+	// one handler has the poison event.
+	if most := int64(crashBatch + 1); counts[outbox.StatusDead] > most {
+		t.Errorf("%d events dead-lettered, want at most the poison event and a batch claimed ahead (%d)", counts[outbox.StatusDead], most)
+	}
+	t.Logf("%d crashes; then %v", crashes, counts)
+}
+
+// poisonState is the poison event's status and attempts.
+func poisonState(t *testing.T, db *testdb.Database) string {
+	t.Helper()
+	var status string
+	var attempts int
+	err := db.Pool.QueryRow(context.Background(), "SELECT status, attempts FROM millpond_outbox WHERE stream = $1 AND event_key = $2",
+		crashStream, "ev-"+strconv.Itoa(crashPoison)).Scan(&status, &attempts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("%s %d", status, attempts)
+}
+
+// heldCrasher is the child of TestHeldSubscriberCrashLoop: a Subscriber
+// with HoldClaims (HoldClaimsAfter at its default) that acks every event
+// but the poison one, whose handling ends the process at once.
+func heldCrasher() error {
+	ctx := context.Background()
+	store, err := anydb.Open(ctx, os.Getenv(envURL), outbox.WithoutListen())
+	if err != nil {
+		return err
+	}
+	sub, err := outbox.NewSubscriber(store, outbox.SubscriberConfig{
+		Worker: os.Getenv(envName), HoldClaims: true, BatchSize: crashBatch, MaxInFlight: 1,
+		Lease: crashLease, MaxAttempts: crashMaxAttempts, PollInterval: 20 * time.Millisecond,
+		Backoff: func(int) time.Duration { return 0 },
+	})
+	if err != nil {
+		return err
+	}
+	msgs, err := sub.Subscribe(ctx, os.Getenv(envStream))
+	if err != nil {
+		return err
+	}
+	for msg := range msgs {
+		if string(msg.Payload) == strconv.Itoa(crashPoison) {
+			os.Exit(crashExit)
+		}
+		msg.Ack()
+	}
+	return nil
+}
