@@ -10,8 +10,9 @@ import (
 	"time"
 )
 
-// A MySQL statement that settles or claims a list of rows (delivery ids or
-// ordering keys) locks those rows and no others, however small the table:
+// A MySQL statement that settles, claims or deletes a list of rows
+// (delivery or event ids, ordering keys) locks those rows and no others,
+// however small the table:
 // over a table of a few hundred rows MariaDB's optimizer prefers scanning
 // the whole primary key to 25 point lookups, and a locking scan waits for
 // every row another transaction holds, so two acknowledgements of
@@ -76,7 +77,13 @@ SELECT 's', '', CONCAT('key-', a.d, b.d, c.d), 3, 3 FROM `+digits+` a, `+digits+
 		{"acknowledge's first try", func() (string, []any) { return withReceipts(c.stmts.ackAll) }},
 		{"acknowledge's delete", func() (string, []any) { return withIDs(del.stmts.ackMark) }},
 		{"delete rows", func() (string, []any) { return withIDs(c.stmts.deleteDeliveries) }},
+		{"claim's locking read", func() (string, []any) { return withIDs(c.stmts.claimSelect) }},
 		{"lifecycle's locking read", func() (string, []any) { return withIDs(c.stmts.lifecycle.lockUndelivered) }},
+		{"lifecycle's locking read of dead letters", func() (string, []any) { return withIDs(c.stmts.lifecycle.lockDead) }},
+		{"lifecycle's locking read of pending rows", func() (string, []any) { return withIDs(c.stmts.lifecycle.lockPending) }},
+		{"dead ordered rows' locking read", func() (string, []any) { return withIDs(c.stmts.orderedDead) }},
+		{"events' locking read", func() (string, []any) { return withIDs(c.stmts.lockEvents) }},
+		{"orphan events' delete", func() (string, []any) { return withIDs(c.stmts.dropOrphans) }},
 		{"acknowledge's first try, deleting", func() (string, []any) { return withReceipts(del.stmts.ackAll) }},
 		{"promote", func() (string, []any) { return withIDs(c.stmts.promoteIDs) }},
 		{"hand over's locking read", func() (string, []any) { return withIDs(c.stmts.lockBlocked) }},
@@ -92,6 +99,8 @@ SELECT 's', '', CONCAT('key-', a.d, b.d, c.d), 3, 3 FROM `+digits+` a, `+digits+
 		for _, held := range []struct{ what, lock string }{
 			{"delivery 102", "SELECT id FROM millpond_deliveries WHERE id = 102 FOR UPDATE"},
 			{"delivery 1", "SELECT id FROM millpond_deliveries WHERE id = 1 FOR UPDATE"},
+			{"event 102", "SELECT id FROM millpond_events WHERE id = 102 FOR UPDATE"},
+			{"event 1", "SELECT id FROM millpond_events WHERE id = 1 FOR UPDATE"},
 			{"key key-000", "SELECT ordering_key FROM millpond_ordering WHERE stream = 's' AND consumer_group = '' AND ordering_key = 'key-000' FOR UPDATE"},
 			{"key key-002", "SELECT ordering_key FROM millpond_ordering WHERE stream = 's' AND consumer_group = '' AND ordering_key = 'key-002' FOR UPDATE"},
 		} {
@@ -131,12 +140,13 @@ SELECT 's', '', CONCAT('key-', a.d, b.d, c.d), 3, 3 FROM `+digits+` a, `+digits+
 		}
 	}
 	check("300 rows")
-	// Then a table of 27 delivery rows: the list, 1 and 102 (the optimizer
-	// scans a table whose rows are about as many as the list's).
+	// Then tables of 27 rows: the list, 1 and 102 (the optimizer scans a
+	// table whose rows are about as many as the list's).
 	list := strings.Trim(strings.Join(strings.Fields(fmt.Sprint(ids)), ", "), "[]")
 	execAll(ctx, t, db,
 		"DELETE FROM millpond_deliveries WHERE id NOT IN (1, 102, "+list+")",
-		"ANALYZE TABLE millpond_deliveries",
+		"DELETE FROM millpond_events WHERE id NOT IN (1, 102, "+list+")",
+		"ANALYZE TABLE millpond_deliveries, millpond_events",
 	)
 	check("27 rows")
 	// And of 3 rows, 101 (the list), 1 and 102: a join to a list scans
@@ -144,7 +154,8 @@ SELECT 's', '', CONCAT('key-', a.d, b.d, c.d), 3, 3 FROM `+digits+` a, `+digits+
 	ids, rs, keys = ids[:1], rs[:1], keys[:1]
 	execAll(ctx, t, db,
 		"DELETE FROM millpond_deliveries WHERE id NOT IN (1, 101, 102)",
-		"ANALYZE TABLE millpond_deliveries",
+		"DELETE FROM millpond_events WHERE id NOT IN (1, 101, 102)",
+		"ANALYZE TABLE millpond_deliveries, millpond_events",
 	)
 	check("3 rows")
 }

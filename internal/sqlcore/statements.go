@@ -24,7 +24,7 @@ type statements struct {
 	claimDead      query // MySQL: dead-letter exhausted rows of the batch ({ids})
 	claimUpdate    string
 	ack            query
-	ackMark        query // MySQL: mark the live rows that ack locked delivered ({ids})
+	ackMark        query // MySQL: mark the live rows that ack locked delivered (@ids)
 	ackAll         query // MySQL: acknowledge receipts of rows without an ordering key in one UPDATE (@ids, {receipts})
 	fail           query
 	failStatus     query
@@ -345,6 +345,13 @@ ORDER BY d.id LIMIT @limit`)
 	s.deleteDeliveries = c("DELETE FROM millpond_deliveries WHERE id IN ({ids})")
 	s.lockEvents = c("SELECT id FROM millpond_events WHERE id IN ({ids}) ORDER BY id FOR UPDATE")
 	s.dropOrphans = c("DELETE FROM millpond_events WHERE id IN ({ids}) AND NOT EXISTS (SELECT 1 FROM millpond_deliveries d WHERE d.event_id = millpond_events.id)")
+	if d == MySQL {
+		// Through the primary key, never a scan (see mysqlSettleRows).
+		s.lockEvents = c("SELECT id FROM millpond_events FORCE INDEX (PRIMARY) WHERE id IN ({ids}) ORDER BY id FOR UPDATE")
+		s.dropOrphans = c(`DELETE e FROM JSON_TABLE(@ids, '$[*]' COLUMNS (id BIGINT PATH '$')) l
+STRAIGHT_JOIN millpond_events e FORCE INDEX (PRIMARY) ON e.id = l.id
+WHERE NOT EXISTS (SELECT 1 FROM millpond_deliveries d WHERE d.event_id = e.id)`)
+	}
 	// On MySQL no index leads with status (see its migration 0005): the
 	// undelivered rows are those of delivered_at 0, read through the
 	// index on delivered_at.
@@ -377,7 +384,11 @@ WHERE stream = @stream AND consumer_group = @group AND ordering_key = @okey`)
 	if d == Postgres {
 		idList = "id = ANY(@ids::BIGINT[])"
 	}
-	s.orderedDead = c(`SELECT id, consumer_group, ordering_key, key_released FROM millpond_deliveries
+	from := "millpond_deliveries"
+	if d == MySQL {
+		from += " FORCE INDEX (PRIMARY)"
+	}
+	s.orderedDead = c(`SELECT id, consumer_group, ordering_key, key_released FROM ` + from + `
 WHERE status = 'dead_letter' AND stream = @stream AND ordering_key <> '' AND ` + idList + `
 ORDER BY id` + lockDead)
 	s.deadOrdering = c("SELECT ordering_key, key_released FROM millpond_deliveries WHERE id = @id")
