@@ -103,10 +103,12 @@ type SubscriberConfig struct {
 	// counts no attempt, so a process that an event's handling crashes
 	// would otherwise take that event again, held, after every restart
 	// and never dead-letter it, its batch stalled for good. Claimed under
-	// a lease after the restart, the event counts an attempt per crash
-	// and is dead-lettered after MaxAttempts crashes (so are the other
-	// events of its batch that the crashes left unacknowledged, as with
-	// leases), and the stream goes on. Ignored without HoldClaims.
+	// a lease after the restart, the event counts an attempt per crash (a
+	// crash while it was held, past the window, counts none: at worst
+	// every other crash counts) and is dead-lettered after MaxAttempts
+	// counted crashes, with the other events of its batch that the
+	// crashes left unacknowledged, as with leases; the stream goes on.
+	// Ignored without HoldClaims.
 	HoldClaimsAfter time.Duration
 }
 

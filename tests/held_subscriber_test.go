@@ -172,6 +172,7 @@ func testHeldSubLeasesFirst(t *testing.T, e *env) {
 	e.enqueueAll(event("held", "early"))
 	start := time.Now()
 	_, msgs := heldSubscribe(t, e, "held", outbox.SubscriberConfig{HoldClaimsAfter: after})
+	subscribed := time.Now() // the window started between start and now
 	m := receive(t, msgs, 10*time.Second)
 	if time.Since(start) >= after {
 		t.Skipf("the first message took %s, longer than HoldClaimsAfter (%s): the machine is too slow for this check", time.Since(start), after)
@@ -183,8 +184,7 @@ func testHeldSubLeasesFirst(t *testing.T, e *env) {
 	waitFor(t, "the leased event delivered", func() bool {
 		return e.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = 'held' AND status = 'delivered'") == 1
 	})
-	// start was taken before Subscribe, the window counts from it.
-	time.Sleep(time.Until(start.Add(after + 200*time.Millisecond)))
+	time.Sleep(time.Until(subscribed.Add(after + 100*time.Millisecond)))
 	e.enqueueAll(event("held", "late"))
 	m = receive(t, msgs, 10*time.Second)
 	if m.UUID != "late" {
