@@ -287,8 +287,15 @@ func newStatements(d Dialect) *statements { return buildStatements(d, false) }
 // other acknowledgements hold (TestMySQLListStatementsLockOnlyTheirRows).
 type settling struct{ pg, plain, mysql string }
 
-const mysqlSettleRows = `JSON_TABLE(@ids, '$[*]' COLUMNS (id BIGINT PATH '$')) l
-STRAIGHT_JOIN millpond_deliveries d FORCE INDEX (PRIMARY) ON d.id = l.id`
+var mysqlSettleRows = mysqlRowsOf("millpond_deliveries", "d")
+
+// mysqlRowsOf is a MySQL join of the ids in @ids (a JSON array, see
+// jsonIDs) to the rows of table, aliased alias, each found through the
+// primary key, in the list's order.
+func mysqlRowsOf(table, alias string) string {
+	return `JSON_TABLE(@ids, '$[*]' COLUMNS (id BIGINT PATH '$')) l
+STRAIGHT_JOIN ` + table + " " + alias + " FORCE INDEX (PRIMARY) ON " + alias + ".id = l.id"
+}
 
 func settlingFor(deleteOnAck bool) settling {
 	if deleteOnAck {
@@ -348,8 +355,7 @@ ORDER BY d.id LIMIT @limit`)
 	if d == MySQL {
 		// Through the primary key, never a scan (see mysqlSettleRows).
 		s.lockEvents = c("SELECT id FROM millpond_events FORCE INDEX (PRIMARY) WHERE id IN ({ids}) ORDER BY id FOR UPDATE")
-		s.dropOrphans = c(`DELETE e FROM JSON_TABLE(@ids, '$[*]' COLUMNS (id BIGINT PATH '$')) l
-STRAIGHT_JOIN millpond_events e FORCE INDEX (PRIMARY) ON e.id = l.id
+		s.dropOrphans = c("DELETE e FROM " + mysqlRowsOf("millpond_events", "e") + `
 WHERE NOT EXISTS (SELECT 1 FROM millpond_deliveries d WHERE d.event_id = e.id)`)
 	}
 	// On MySQL no index leads with status (see its migration 0005): the
