@@ -41,7 +41,7 @@ func init() {
 	register(systemInfo{
 		name:     "millpond-held",
 		label:    "millpond, bare Subscriber (batch 1000, 8 in flight), HoldClaims",
-		notes:    "as millpond, with SubscriberConfig.HoldClaims: each batch is held in a transaction of the subscription's own (Store.ClaimHeld, at most 3 at once) instead of leased, and settled in it by one statement once its last message is acked, so a delivered row is written once instead of at the claim and at the acknowledgement",
+		notes:    "as millpond, with SubscriberConfig.HoldClaims: each batch is held in a transaction of the subscription's own (Store.ClaimHeld, at most 3 at once) instead of leased, and settled in it by one statement once its last message is acked, so a delivered row is written once instead of at the claim and at the acknowledgement; held from the first claim (HoldClaimsAfter -1, the steady state)",
 		order:    0,
 		dialects: []string{dialectPostgres},
 		extra:    true,
