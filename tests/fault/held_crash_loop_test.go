@@ -17,7 +17,8 @@ import (
 
 const (
 	crashEvents      = 40
-	crashPoison      = 12 // the event whose handling crashes the process
+	crashLateAt      = 12                      // where the poison event comes in PoisonAfterTheWindow
+	envPoison        = "MILLPOND_FAULT_POISON" // the payload of the poison event
 	crashBatch       = 5
 	crashLease       = 2 * time.Second
 	crashMaxAttempts = 3
@@ -49,16 +50,21 @@ const (
 // With HoldClaimsAfter negative (held from the first claim) the poison is
 // never dead-lettered: every run crashes on it and the test fails.
 func TestHeldSubscriberCrashLoop(t *testing.T) {
-	t.Run("PoisonDueAtStart", func(t *testing.T) { testHeldCrashLoop(t, false) })
-	t.Run("PoisonAfterTheWindow", func(t *testing.T) { testHeldCrashLoop(t, true) })
+	t.Run("PoisonDueAtStart", func(t *testing.T) { testHeldCrashLoop(t, 0, false) })
+	t.Run("PoisonAfterTheWindow", func(t *testing.T) { testHeldCrashLoop(t, crashLateAt, true) })
 }
 
-func testHeldCrashLoop(t *testing.T, late bool) {
+// testHeldCrashLoop runs the crash loop with event number poison as the
+// poison event, enqueued with the rest, or late. It is the oldest event
+// due whenever a run takes it: no event claimed before it in its batch
+// has an ack that a crash could lose, and the events dead-lettered beside
+// it can only be those claimed behind it.
+func testHeldCrashLoop(t *testing.T, poison int, late bool) {
 	db := testdb.New(t, "postgres")
 	store := db.Store(t)
 	first := crashEvents
 	if late {
-		first = crashPoison // the poison and the events after it come later
+		first = poison // the poison and the events after it come later
 	}
 	enqueueN(t, db, store, crashStream, "ev", first)
 	settled := func() bool {
@@ -69,19 +75,20 @@ func testHeldCrashLoop(t *testing.T, late bool) {
 	for !settled() {
 		if crashes == crashMostRuns {
 			t.Fatalf("%d crashes and the stream is not settled: %v; the poison event: %s", crashes,
-				statusCounts(t, db, crashStream), poisonState(t, db))
+				statusCounts(t, db, crashStream), poisonState(t, db, poison))
 		}
-		c := startChild(t, fmt.Sprintf("crasher-%d", crashes+1), "held-crasher", envURL+"="+db.URL, envStream+"="+crashStream)
+		c := startChild(t, fmt.Sprintf("crasher-%d", crashes+1), "held-crasher", envURL+"="+db.URL, envStream+"="+crashStream,
+			envPoison+"="+strconv.Itoa(poison))
 		if late && crashes == 0 {
 			// Once the first run's window is over and it has delivered
 			// what came first, the rest arrives: the poison in a held claim.
 			c.expect(t, "SUBSCRIBED", 30*time.Second, nil)
 			window := time.Now().Add(2*crashLease + 300*time.Millisecond)
 			waitUntil(t, 30*time.Second, "the events before the poison delivered", func() bool {
-				return statusCounts(t, db, crashStream)[outbox.StatusDelivered] == crashPoison
+				return statusCounts(t, db, crashStream)[outbox.StatusDelivered] == int64(poison)
 			})
 			time.Sleep(time.Until(window))
-			if err := enqueueRange(context.Background(), db, store, crashStream, "ev", crashPoison, crashEvents); err != nil {
+			if err := enqueueRange(context.Background(), db, store, crashStream, "ev", poison, crashEvents); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -90,7 +97,7 @@ func testHeldCrashLoop(t *testing.T, late bool) {
 		for !crashed && !settled() {
 			if time.Now().After(deadline) {
 				t.Fatalf("run %d neither crashed nor settled the stream within 30 s: %v; the poison event: %s",
-					crashes+1, statusCounts(t, db, crashStream), poisonState(t, db))
+					crashes+1, statusCounts(t, db, crashStream), poisonState(t, db, poison))
 			}
 			select {
 			case <-c.done:
@@ -110,7 +117,7 @@ func testHeldCrashLoop(t *testing.T, late bool) {
 		}
 	}
 	counts := statusCounts(t, db, crashStream)
-	if st := poisonState(t, db); st != fmt.Sprintf("%s %d", outbox.StatusDead, crashMaxAttempts) {
+	if st := poisonState(t, db, poison); st != fmt.Sprintf("%s %d", outbox.StatusDead, crashMaxAttempts) {
 		t.Errorf("the poison event: %s, want %s %d", st, outbox.StatusDead, crashMaxAttempts)
 	}
 	// A crash counts no attempt when the poison event was held (it arrived
@@ -128,13 +135,13 @@ func testHeldCrashLoop(t *testing.T, late bool) {
 	t.Logf("%d crashes; then %v", crashes, counts)
 }
 
-// poisonState is the poison event's status and attempts.
-func poisonState(t *testing.T, db *testdb.Database) string {
+// poisonState is the status and attempts of event number poison.
+func poisonState(t *testing.T, db *testdb.Database, poison int) string {
 	t.Helper()
 	var status string
 	var attempts int
 	err := db.Pool.QueryRow(context.Background(), "SELECT status, attempts FROM millpond_outbox WHERE stream = $1 AND event_key = $2",
-		crashStream, "ev-"+strconv.Itoa(crashPoison)).Scan(&status, &attempts)
+		crashStream, "ev-"+strconv.Itoa(poison)).Scan(&status, &attempts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +171,7 @@ func heldCrasher() error {
 	}
 	emit("SUBSCRIBED")
 	for msg := range msgs {
-		if string(msg.Payload) == strconv.Itoa(crashPoison) {
+		if string(msg.Payload) == os.Getenv(envPoison) {
 			os.Exit(crashExit)
 		}
 		msg.Ack()
