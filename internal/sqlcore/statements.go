@@ -309,6 +309,16 @@ func settlingFor(deleteOnAck bool) settling {
 	}
 }
 
+// byPK names table for a locking read by an id list: on MySQL with
+// FORCE INDEX (PRIMARY), which keeps a small table from being scanned
+// (see mysqlRowsOf), elsewhere as it is.
+func byPK(d Dialect, table string) string {
+	if d == MySQL {
+		return table + " FORCE INDEX (PRIMARY)"
+	}
+	return table
+}
+
 // jsonIDs is ids as a JSON array, the @ids of a MySQL settling statement.
 func jsonIDs(ids []int64) string {
 	b := make([]byte, 0, 8*len(ids)+2)
@@ -350,11 +360,10 @@ ORDER BY d.id LIMIT @limit`)
 	s.eventsByID = c("SELECT id, event_key, event_kind, payload, metadata, created_at FROM millpond_events WHERE id IN ({ids})")
 	s.eventsOf = c("SELECT DISTINCT event_id FROM millpond_deliveries WHERE id IN ({ids})")
 	s.deleteDeliveries = c("DELETE FROM millpond_deliveries WHERE id IN ({ids})")
-	s.lockEvents = c("SELECT id FROM millpond_events WHERE id IN ({ids}) ORDER BY id FOR UPDATE")
+	s.lockEvents = c("SELECT id FROM " + byPK(d, "millpond_events") + " WHERE id IN ({ids}) ORDER BY id FOR UPDATE")
 	s.dropOrphans = c("DELETE FROM millpond_events WHERE id IN ({ids}) AND NOT EXISTS (SELECT 1 FROM millpond_deliveries d WHERE d.event_id = millpond_events.id)")
 	if d == MySQL {
-		// Through the primary key, never a scan (see mysqlSettleRows).
-		s.lockEvents = c("SELECT id FROM millpond_events FORCE INDEX (PRIMARY) WHERE id IN ({ids}) ORDER BY id FOR UPDATE")
+		// Through the primary key, never a scan (see mysqlRowsOf).
 		s.dropOrphans = c("DELETE e FROM " + mysqlRowsOf("millpond_events", "e") + `
 WHERE NOT EXISTS (SELECT 1 FROM millpond_deliveries d WHERE d.event_id = e.id)`)
 	}
@@ -390,11 +399,7 @@ WHERE stream = @stream AND consumer_group = @group AND ordering_key = @okey`)
 	if d == Postgres {
 		idList = "id = ANY(@ids::BIGINT[])"
 	}
-	from := "millpond_deliveries"
-	if d == MySQL {
-		from += " FORCE INDEX (PRIMARY)"
-	}
-	s.orderedDead = c(`SELECT id, consumer_group, ordering_key, key_released FROM ` + from + `
+	s.orderedDead = c(`SELECT id, consumer_group, ordering_key, key_released FROM ` + byPK(d, "millpond_deliveries") + `
 WHERE status = 'dead_letter' AND stream = @stream AND ordering_key <> '' AND ` + idList + `
 ORDER BY id` + lockDead)
 	s.deadOrdering = c("SELECT ordering_key, key_released FROM millpond_deliveries WHERE id = @id")
@@ -1154,14 +1159,13 @@ WHERE ` + pending + ` AND o.stream = @stream AND o.consumer_group = '' AND o.id 
 ORDER BY o.id LIMIT @limit`)
 
 	lock := func(state string) query {
-		const cols = "SELECT id, status, (SELECT e.event_kind FROM millpond_events e WHERE e.id = millpond_deliveries.event_id), consumer_group, ordering_key, key_released FROM millpond_deliveries WHERE "
+		cols := "SELECT id, status, (SELECT e.event_kind FROM millpond_events e WHERE e.id = millpond_deliveries.event_id), consumer_group, ordering_key, key_released FROM " +
+			byPK(d, "millpond_deliveries") + " WHERE "
 		switch d {
 		case Postgres:
 			return c(cols + state + " AND stream = @stream AND id = ANY(@ids::BIGINT[]) ORDER BY id FOR UPDATE")
 		case MySQL:
-			// FORCE INDEX: see the MySQL statements' list statements.
-			return c(strings.Replace(cols, "FROM millpond_deliveries WHERE", "FROM millpond_deliveries FORCE INDEX (PRIMARY) WHERE", 1) +
-				state + " AND stream = @stream AND id IN ({ids}) ORDER BY id FOR UPDATE")
+			return c(cols + state + " AND stream = @stream AND id IN ({ids}) ORDER BY id FOR UPDATE")
 		default:
 			return c(cols + state + " AND stream = @stream AND id IN ({ids}) ORDER BY id")
 		}
