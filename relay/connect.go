@@ -38,10 +38,23 @@ func RedactURL(servers string) string {
 	return strings.Join(parts, ",")
 }
 
-// scrubURL removes every credential of servers from text.
-func scrubURL(text, servers string) string {
+// serverURLs splits a comma-separated list of NATS server URLs as nats.go
+// reads it: an entry without a scheme is a nats:// URL.
+func serverURLs(servers string) []string {
+	var out []string
 	for p := range strings.SplitSeq(servers, ",") {
 		p = strings.TrimSpace(p)
+		if !strings.Contains(p, "://") {
+			p = "nats://" + p
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// scrubURL removes every credential of servers from text.
+func scrubURL(text, servers string) string {
+	for _, p := range serverURLs(servers) {
 		if u, err := url.Parse(p); err == nil && u.User != nil {
 			if pw, ok := u.User.Password(); ok && pw != "" {
 				text = strings.ReplaceAll(text, pw, "[REDACTED]")
@@ -55,10 +68,21 @@ func scrubURL(text, servers string) string {
 }
 
 // Connect opens a NATS connection for a relay: it fails at once with
-// ErrUnreachable (the URL redacted) when no server answers, and once
-// connected reconnects forever, so a relay rides out broker restarts. opts
-// come after the relay's own and override them.
+// ErrInvalidConfig when a server URL does not parse (a user name or
+// password with reserved characters must be percent-encoded) and with
+// ErrUnreachable (the URL redacted) when no server answers; once connected
+// it reconnects forever, so a relay rides out broker restarts. opts come
+// after the relay's own and override them. No error shows a credential.
 func Connect(servers string, opts ...nats.Option) (*nats.Conn, error) {
+	urls := serverURLs(servers)
+	for i, p := range urls {
+		// Checked here because nats.go's own parse error quotes the URL,
+		// which cannot be scrubbed of a credential it cannot parse.
+		if _, err := url.Parse(p); err != nil {
+			return nil, fmt.Errorf("%w: NATS server URL %d of %d does not parse (percent-encode reserved characters in its user name and password)",
+				ErrInvalidConfig, i+1, len(urls))
+		}
+	}
 	base := []nats.Option{
 		nats.Name("millpond-relay"),
 		nats.Timeout(5 * time.Second),

@@ -7,7 +7,8 @@ import "errors"
 // Store, NATS or Watermill error.
 var (
 	// ErrInvalidConfig reports a configuration value out of its bounds: no
-	// stream, a bad consumer group, window, lease, retry delay or timeout.
+	// stream, a bad consumer group, window, lease, retry delay or timeout,
+	// or a NATS server URL that does not parse (Connect).
 	ErrInvalidConfig = errors.New("relay: invalid configuration")
 	// ErrInvalidSubjectTemplate reports a subject template or prefix that
 	// cannot make valid NATS subjects, or a template that strict mode

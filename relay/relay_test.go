@@ -146,6 +146,18 @@ func TestBadConfigurationFailsAtStart(t *testing.T) {
 	if !errors.Is(err, relay.ErrUnreachable) || strings.Contains(err.Error(), "s3cret-pw") || strings.Contains(err.Error(), "alice") {
 		t.Errorf("unreachable server: %v, want ErrUnreachable without credentials", err)
 	}
+	// Credentials that are not percent-encoded: the URL does not parse,
+	// and nats.go's error would quote it whole.
+	for _, servers := range []string{
+		"nats://alice:Pa%ss-w0rd@127.0.0.1:4222",
+		"nats://alice:pa ss@127.0.0.1:4222",
+		"nats://127.0.0.1:4222, alice:Pa%ss-w0rd@127.0.0.1:4223",
+	} {
+		_, err = relay.Connect(servers, nats.Timeout(time.Second))
+		if !errors.Is(err, relay.ErrInvalidConfig) || strings.Contains(err.Error(), "ss-w0rd") || strings.Contains(err.Error(), "alice") {
+			t.Errorf("unparseable URL: %v, want ErrInvalidConfig without credentials", err)
+		}
+	}
 	closed, _ := testnats.Connect(t)
 	closed.Close()
 	if _, err := relay.NewJetStream(ctx, store, closed, base); !errors.Is(err, relay.ErrUnreachable) {

@@ -302,4 +302,12 @@ func TestRelayNeverPrintsPasswords(t *testing.T) {
 			t.Errorf("%s: relay failed without a word", dsn.Redact(addr))
 		}
 	}
+	// A password that is not percent-encoded makes the URL unparseable;
+	// nats.go's parse error would quote it whole.
+	const raw = "Nats%Pw-5521"
+	code, stdout, stderr := cli(t, nil, "relay", "-db", withPassword, "-nats", "nats://relayuser:"+raw+"@127.0.0.1:4222",
+		"-stream", "orders", "-subject-prefix", "events")
+	if out := stdout + stderr; code == exitOK || strings.Contains(out, raw) || !strings.Contains(out, "does not parse") {
+		t.Errorf("unparseable NATS URL: exit %d, output:\n%s", code, out)
+	}
 }
