@@ -61,3 +61,67 @@ func TestRouterLogsNoEventKeys(t *testing.T) {
 		t.Fatalf("the router logged no handler error with a redacted message_uuid (error %v, redacted %v)", sawHandlerError, sawRedacted)
 	}
 }
+
+type signup struct {
+	Email    string    `json:"email"`
+	Birthday time.Time `json:"birthday"`
+	Amount   int       `json:"amount,string"`
+	Card     string    `json:"card"`
+}
+
+// TestUndecodablePayloadReasonHoldsNoPayload: a payload that does not decode
+// into the handler's type is dead-lettered with a reason that says where
+// and what failed, but encoding/json's own message quotes payload values
+// (a time that does not parse, a ",string" field, a number's literal), and
+// the reason is last_error (ListDead, the CLI, the admin UI) and the
+// router's log line: none of it may hold payload content.
+func TestUndecodablePayloadReasonHoldsNoPayload(t *testing.T) {
+	db := testdb.New(t, "sqlite")
+	store := db.Store(t)
+	h := handlers.New("signup-mailer", "signups", "SignedUp", func(context.Context, signup, handlers.Meta) error {
+		return nil
+	})
+	logs := watermill.NewCaptureLogger()
+	startBus(t, store, bus.Config{Subscriber: fastSubscriber, Logger: logs}, h)
+
+	secrets := []string{"ada.lovelace@example.com", "card-4111111111111111", "4111111111111111"}
+	publish(t, db, store, "signups", "SignedUp",
+		[]byte(`{"email":"x","birthday":"`+secrets[0]+`"}`),
+		[]byte(`{"email":"x","amount":"`+secrets[1]+`"}`),
+		[]byte(`{"email":"x","card":`+secrets[2]+`}`))
+
+	var dead []outbox.DeadEvent
+	waitFor(t, "three dead letters", func() bool {
+		var err error
+		dead, err = store.ListDead(context.Background(), outbox.DeadQuery{Stream: "signups", Group: "signup-mailer", Limit: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(dead) == 3
+	})
+	typeMismatch := false
+	for _, d := range dead {
+		for _, s := range secrets {
+			if strings.Contains(d.LastError, s) {
+				t.Errorf("dead letter %d's last error holds payload content: %q", d.ID, d.LastError)
+			}
+		}
+		if !strings.Contains(d.LastError, "decode SignedUp payload into bus_test.signup") {
+			t.Errorf("dead letter %d's last error does not say what failed: %q", d.ID, d.LastError)
+		}
+		typeMismatch = typeMismatch || strings.HasSuffix(d.LastError, "a JSON number at byte offset 36 cannot be a Go string")
+	}
+	if !typeMismatch {
+		t.Errorf("no reason names the JSON number that is not a string: %v", dead)
+	}
+	for _, msgs := range logs.Captured() {
+		for _, m := range msgs {
+			line := fmt.Sprintf("%s %v %v", m.Msg, m.Err, m.Fields)
+			for _, s := range secrets {
+				if strings.Contains(line, s) {
+					t.Errorf("a log line holds payload content: %s", line)
+				}
+			}
+		}
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -239,6 +240,36 @@ func (h *typed[T]) Stream() string { return h.stream }
 func (h *typed[T]) Kind() string   { return h.kind }
 func (h *typed[T]) Policy() Policy { return h.policy }
 
+// decodeError reports a payload that does not decode into a handler's type.
+// Its text becomes the event's last error (dead letters, the CLI, the admin
+// UI) and the router's log line, so it names the handler, the kind, the Go
+// type and, for encoding/json's syntax and type errors, where and what
+// went wrong, but never the decoder's own message: that can quote the
+// payload (a number, a time that does not parse, a ",string" value, map
+// keys in a field path, whatever a custom UnmarshalJSON returns). Unwrap
+// gives the decoder's error to errors.As.
+type decodeError struct {
+	handler, kind, into string
+	err                 error
+}
+
+func (e *decodeError) Error() string {
+	head := fmt.Sprintf("handler %s: decode %s payload into %s", e.handler, e.kind, e.into)
+	var syntax *json.SyntaxError
+	var mismatch *json.UnmarshalTypeError
+	switch {
+	case errors.As(e.err, &syntax):
+		return fmt.Sprintf("%s: invalid JSON at byte offset %d", head, syntax.Offset)
+	case errors.As(e.err, &mismatch):
+		what, _, _ := strings.Cut(mismatch.Value, " ") // "number -5": its literal stays out
+		return fmt.Sprintf("%s: a JSON %s at byte offset %d cannot be a Go %s", head, what, mismatch.Offset, mismatch.Type)
+	default:
+		return head + ": the payload does not decode (the decoder's message is withheld: it may quote the payload)"
+	}
+}
+
+func (e *decodeError) Unwrap() error { return e.err }
+
 // Handle decodes the payload and calls the function; a panic becomes an
 // error carrying the panic value and stack.
 func (h *typed[T]) Handle(msg *message.Message) (err error) {
@@ -249,7 +280,7 @@ func (h *typed[T]) Handle(msg *message.Message) (err error) {
 	gostack.Grow()
 	var event T
 	if err := json.Unmarshal(msg.Payload, &event); err != nil {
-		return Permanent(fmt.Errorf("handler %s: decode %s payload into %T: %w", h.name, h.kind, event, err))
+		return Permanent(&decodeError{handler: h.name, kind: h.kind, into: fmt.Sprintf("%T", event), err: err})
 	}
 	defer func() {
 		if r := recover(); r != nil {

@@ -2,6 +2,7 @@ package handlers_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -58,6 +59,17 @@ func TestUndecodablePayloadIsPermanent(t *testing.T) {
 	err := h.Handle(newMsg(`{"order_id":"five"}`))
 	if !handlers.IsPermanent(err) || called {
 		t.Fatalf("err %v (permanent %v), called %v", err, handlers.IsPermanent(err), called)
+	}
+	// The text leaves the value out; the decoder's error is still there
+	// for errors.As.
+	var mismatch *json.UnmarshalTypeError
+	if !errors.As(err, &mismatch) || mismatch.Field != "order_id" || strings.Contains(err.Error(), "five") {
+		t.Errorf("err %v: want a *json.UnmarshalTypeError of order_id, the value left out", err)
+	}
+	var syntax *json.SyntaxError
+	if err := h.Handle(newMsg(`{"order_id":five}`)); !errors.As(err, &syntax) || strings.Contains(err.Error(), "five") ||
+		!strings.HasSuffix(err.Error(), "invalid JSON at byte offset 14") {
+		t.Errorf("err %v: want a *json.SyntaxError at byte offset 14, the text left out", err)
 	}
 }
 
