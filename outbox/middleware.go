@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 )
@@ -47,9 +48,21 @@ func ReceiptFromContext(ctx context.Context) (Receipt, bool) {
 func AcknowledgeMessageInTx(ctx context.Context, tx Tx, msg *message.Message) error {
 	d, ok := msg.Context().Value(receiptKey{}).(delivery)
 	if !ok || d.store == nil {
-		return fmt.Errorf("outbox: acknowledge message %s in a transaction: %w", msg.UUID, ErrNoReceipt)
+		return fmt.Errorf("outbox: acknowledge %s in a transaction: %w", messageRef(msg), ErrNoReceipt)
 	}
 	return d.store.AcknowledgeMessageInTx(ctx, tx, msg)
+}
+
+// messageRef names a message in an error without its UUID, which for an
+// outbox message is the event key: by the event id a Subscriber set, or
+// not at all.
+func messageRef(msg *message.Message) string {
+	if id := msg.Metadata.Get(MetadataEventID); id != "" {
+		if _, err := strconv.ParseInt(id, 10, 64); err == nil {
+			return "the message of event " + id
+		}
+	}
+	return "a message"
 }
 
 // metadataAckedInTx marks a message acknowledged by AcknowledgeMessageInTx.
@@ -69,9 +82,9 @@ func (s *Store) AcknowledgeMessageInTx(ctx context.Context, tx Tx, msg *message.
 	r, ok := ReceiptFromContext(msg.Context())
 	if !ok {
 		if d, _ := msg.Context().Value(receiptKey{}).(delivery); d.held {
-			return fmt.Errorf("outbox: acknowledge message %s in a transaction: a subscriber holding its claims (HoldClaims) acknowledges only through Ack: %w", msg.UUID, ErrNoReceipt)
+			return fmt.Errorf("outbox: acknowledge %s in a transaction: a subscriber holding its claims (HoldClaims) acknowledges only through Ack: %w", messageRef(msg), ErrNoReceipt)
 		}
-		return fmt.Errorf("outbox: acknowledge message %s in a transaction: %w", msg.UUID, ErrNoReceipt)
+		return fmt.Errorf("outbox: acknowledge %s in a transaction: %w", messageRef(msg), ErrNoReceipt)
 	}
 	if err := s.AcknowledgeInTx(ctx, tx, r); err != nil {
 		return err

@@ -126,20 +126,20 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	case publishAutoCommit:
 		return p.publishAutoCommit(topic, msgs)
 	default:
-		for _, msg := range msgs {
+		for i, msg := range msgs {
 			tx := p.tx
 			if p.mode == publishFromContext {
 				var ok bool
 				if tx, ok = TxFromContext(msg.Context()); !ok {
-					return fmt.Errorf("outbox: publish message %s: %w", msg.UUID, ErrNoTransaction)
+					return fmt.Errorf("outbox: publish message %d of %d: %w", i+1, len(msgs), ErrNoTransaction)
 				}
 			}
 			ex, err := tx.executor()
 			if err != nil {
-				return fmt.Errorf("outbox: publish message %s: %w", msg.UUID, err)
+				return fmt.Errorf("outbox: publish message %d of %d: %w", i+1, len(msgs), err)
 			}
 			if _, err := p.store.enqueue(msg.Context(), ex, EventFromMessage(topic, msg)); err != nil {
-				return fmt.Errorf("outbox: publish message %s: %w", msg.UUID, err)
+				return fmt.Errorf("outbox: publish message %d of %d: %w", i+1, len(msgs), err)
 			}
 		}
 		return nil
@@ -155,10 +155,10 @@ func (p *Publisher) publishAutoCommit(topic string, msgs []*message.Message) err
 	if err != nil {
 		return fmt.Errorf("outbox: publish: begin: %w", err)
 	}
-	for _, msg := range msgs {
+	for i, msg := range msgs {
 		if _, err := p.store.enqueue(ctx, tx, EventFromMessage(topic, msg)); err != nil {
 			_ = tx.Rollback()
-			return fmt.Errorf("outbox: publish message %s: %w", msg.UUID, err)
+			return fmt.Errorf("outbox: publish message %d of %d: %w", i+1, len(msgs), err)
 		}
 	}
 	if err := tx.Commit(); err != nil {
