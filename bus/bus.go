@@ -77,10 +77,11 @@ type Config struct {
 	// are set per handler; a handler's Policy overrides MaxAttempts,
 	// Backoff, Lease and MaxInFlight.
 	Subscriber outbox.SubscriberConfig
-	// Unrouted is the policy for events without a handler.
+	// Unrouted is the policy for events without a handler; New refuses
+	// any value but the three below (ErrInvalidConfig).
 	Unrouted UnroutedPolicy
 	// CloseTimeout bounds a graceful stop (default: the subscribers' close
-	// timeout plus 5 s).
+	// timeout plus 5 s). Negative is refused (ErrInvalidConfig).
 	CloseTimeout time.Duration
 	// Logger receives the router's and subscribers' logs.
 	Logger watermill.LoggerAdapter
@@ -108,6 +109,10 @@ type Bus struct {
 // ErrDuplicateHandler reports two handlers with the same name.
 var ErrDuplicateHandler = errors.New("bus: duplicate handler name")
 
+// ErrInvalidConfig reports a Config value out of its bounds (an unknown
+// Unrouted policy, a negative CloseTimeout) or a nil store.
+var ErrInvalidConfig = errors.New("bus: invalid configuration")
+
 // ErrStarted reports a second Start of the same bus.
 var ErrStarted = errors.New("bus: already started")
 
@@ -122,7 +127,13 @@ var ErrUnservedGroup = errors.New("bus: consumer group registered for a stream o
 // middleware with Router().AddMiddleware before Start.
 func New(store *outbox.Store, cfg Config, hs ...handlers.Handler) (*Bus, error) {
 	if store == nil {
-		return nil, errors.New("bus: nil store")
+		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
+	}
+	if cfg.Unrouted < UnroutedDeadLetter || cfg.Unrouted > UnroutedAcknowledge {
+		return nil, fmt.Errorf("%w: unknown Unrouted policy %d", ErrInvalidConfig, int(cfg.Unrouted))
+	}
+	if cfg.CloseTimeout < 0 {
+		return nil, fmt.Errorf("%w: CloseTimeout %s is negative", ErrInvalidConfig, cfg.CloseTimeout)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = watermill.NopLogger{}

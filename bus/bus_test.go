@@ -359,6 +359,32 @@ func TestBusRefusesHandlersThatWouldTakeOthersEvents(t *testing.T) {
 	}
 }
 
+// TestBusRefusesInvalidConfig: a policy value outside the three, or a
+// negative close timeout (the router would give up on a running handler at
+// once), is refused rather than taken for a default.
+func TestBusRefusesInvalidConfig(t *testing.T) {
+	db := testdb.New(t, "sqlite")
+	store := db.Store(t)
+	h := handlers.New("reserve", "orders", "OrderPlaced", func(context.Context, orderPlaced, handlers.Meta) error { return nil })
+	for name, cfg := range map[string]bus.Config{
+		"Unrouted 3":            {Unrouted: bus.UnroutedAcknowledge + 1},
+		"Unrouted -1":           {Unrouted: bus.UnroutedPolicy(-1)},
+		"negative CloseTimeout": {CloseTimeout: -time.Second},
+	} {
+		if _, err := bus.New(store, cfg, h); !errors.Is(err, bus.ErrInvalidConfig) {
+			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
+		}
+	}
+	if _, err := bus.New(nil, bus.Config{}, h); !errors.Is(err, bus.ErrInvalidConfig) {
+		t.Errorf("nil store: %v, want ErrInvalidConfig", err)
+	}
+	for _, p := range []bus.UnroutedPolicy{bus.UnroutedDeadLetter, bus.UnroutedKeep, bus.UnroutedAcknowledge} {
+		if _, err := bus.New(store, bus.Config{Unrouted: p}, h); err != nil {
+			t.Errorf("Unrouted %d: %v", p, err)
+		}
+	}
+}
+
 // A handler whose kind changed between deployments must not receive, or
 // silently acknowledge, events of its old kind.
 func TestBusHandlerKindChangeDropsNothing(t *testing.T) {

@@ -57,7 +57,8 @@ type Config struct {
 	DatabaseURL string
 	// AutoMigrate runs Store.Migrate on start.
 	AutoMigrate bool
-	// OpenTimeout bounds connecting on construction (default 10 s).
+	// OpenTimeout bounds connecting on construction (default 10 s;
+	// negative is refused with ErrInvalidConfig).
 	OpenTimeout time.Duration
 	// Bus configures the bus; its Logger defaults to the app's zap logger.
 	Bus bus.Config
@@ -120,6 +121,11 @@ type storeParams struct {
 // ErrNoDatabaseURL is returned when Config.DatabaseURL is empty.
 var ErrNoDatabaseURL = errors.New("fxmodule: Config.DatabaseURL is empty; name the database (postgres://…, mysql://…, sqlite:path)")
 
+// ErrInvalidConfig reports a Config value out of its bounds (a negative
+// OpenTimeout). The bus's own checks of Config.Bus return
+// bus.ErrInvalidConfig.
+var ErrInvalidConfig = errors.New("fxmodule: invalid configuration")
+
 func newStore(p storeParams) (*outbox.Store, error) {
 	url := p.Config.DatabaseURL
 	if strings.TrimSpace(url) == "" {
@@ -130,6 +136,9 @@ func newStore(p storeParams) (*outbox.Store, error) {
 		return nil, fmt.Errorf("fxmodule: DatabaseURL: %w", err)
 	}
 	timeout := p.Config.OpenTimeout
+	if timeout < 0 {
+		return nil, fmt.Errorf("%w: OpenTimeout %s is negative", ErrInvalidConfig, timeout)
+	}
 	if timeout == 0 {
 		timeout = 10 * time.Second
 	}

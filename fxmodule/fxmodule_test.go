@@ -135,6 +135,24 @@ func TestModuleRefusesAnEmptyDatabaseURL(t *testing.T) {
 	}
 }
 
+func TestModuleRefusesInvalidConfig(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		name string
+		cfg  fxmodule.Config
+		want error
+	}{
+		{"negative OpenTimeout", fxmodule.Config{DatabaseURL: "sqlite:" + dir + "/a.db", OpenTimeout: -time.Second}, fxmodule.ErrInvalidConfig},
+		{"unknown Unrouted policy", fxmodule.Config{DatabaseURL: "sqlite:" + dir + "/b.db", Bus: bus.Config{Unrouted: bus.UnroutedAcknowledge + 1}}, bus.ErrInvalidConfig},
+		{"negative bus CloseTimeout", fxmodule.Config{DatabaseURL: "sqlite:" + dir + "/c.db", Bus: bus.Config{CloseTimeout: -time.Second}}, bus.ErrInvalidConfig},
+	} {
+		app := fx.New(fx.Supply(zap.NewNop(), c.cfg), fxmodule.Module, fx.NopLogger)
+		if err := app.Err(); !errors.Is(err, c.want) {
+			t.Errorf("%s: got %v, want %v", c.name, err, c.want)
+		}
+	}
+}
+
 // logged renders every entry the observer saw, fields included.
 func logged(logs *observer.ObservedLogs) string {
 	var b strings.Builder
