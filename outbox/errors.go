@@ -62,6 +62,9 @@ var (
 	// ErrNestedTransaction reports Store.InTx called with the context of
 	// an InTx of the same store that is still running.
 	ErrNestedTransaction = errors.New("outbox: InTx called inside an InTx of the same store; pass its tx on instead of opening a second transaction")
+	// ErrInvalidDuration reports a SubscriberConfig duration out of its
+	// bounds: a PollInterval below 1 ms or a negative CloseTimeout.
+	ErrInvalidDuration = errors.New("outbox: duration out of bounds")
 	// ErrClosed reports use of a closed Publisher or Subscriber.
 	ErrClosed = errors.New("outbox: closed")
 )

@@ -59,11 +59,12 @@ type SubscriberConfig struct {
 	Backoff func(attempt int) time.Duration
 	// PollInterval is how often an idle subscription looks for due events
 	// (default 1 s on PostgreSQL, where NOTIFY wakes it sooner; 50 ms
-	// elsewhere).
+	// elsewhere). Below 1 ms is refused (ErrInvalidDuration).
 	PollInterval time.Duration
 	// CloseTimeout is how long Close waits for messages already handed out
 	// to be acked or nacked before it cancels their contexts and returns
 	// (default 30 s). Their leases then expire and the events are retried.
+	// Negative is refused (ErrInvalidDuration).
 	CloseTimeout time.Duration
 	// Logger receives the subscriber's logs (default: none).
 	Logger watermill.LoggerAdapter
@@ -175,10 +176,10 @@ func (c *SubscriberConfig) validate() error {
 		return fmt.Errorf("max in flight %d is outside 1-%d: %w", c.MaxInFlight, MaxBatch, ErrInvalidBatch)
 	}
 	if c.PollInterval < time.Millisecond {
-		return fmt.Errorf("poll interval %s is below 1ms", c.PollInterval)
+		return fmt.Errorf("poll interval %s is below 1ms: %w", c.PollInterval, ErrInvalidDuration)
 	}
 	if c.CloseTimeout < 0 {
-		return fmt.Errorf("close timeout %s is negative", c.CloseTimeout)
+		return fmt.Errorf("close timeout %s is negative: %w", c.CloseTimeout, ErrInvalidDuration)
 	}
 	return nil
 }
@@ -242,6 +243,9 @@ func NewSubscriber(store *Store, config SubscriberConfig) (*Subscriber, error) {
 // SubscribeInitialize registers the consumer group for the topic, so events
 // published from now on are kept for it even before it subscribes.
 func (s *Subscriber) SubscribeInitialize(topic string) error {
+	if err := ValidateKey("stream", topic); err != nil {
+		return fmt.Errorf("outbox: subscribe initialize: %w", err)
+	}
 	if s.config.SkipRegistration {
 		return nil
 	}
@@ -257,6 +261,12 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	defer s.mu.Unlock()
 	if s.closed {
 		return nil, ErrClosed
+	}
+	// The topic is the stream: checked here, not only by the registration
+	// a subscriber with SkipRegistration skips, whose claims would
+	// otherwise fail and retry forever.
+	if err := ValidateKey("stream", topic); err != nil {
+		return nil, fmt.Errorf("outbox: subscribe: %w", err)
 	}
 	if err := s.store.CheckSchema(ctx); err != nil {
 		return nil, fmt.Errorf("outbox: subscribe: %w", err)
