@@ -1,9 +1,11 @@
 package relay_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -394,5 +396,53 @@ func TestWatermillRelayRetries(t *testing.T) {
 	m := <-out
 	if m.UUID != "only" || w.Stats().Failed != 2 {
 		t.Errorf("uuid %q, stats %+v", m.UUID, w.Stats())
+	}
+}
+
+// quotingPublisher fails every publish with an error that quotes the topic
+// and the message's UUID, as many broker clients' errors do.
+type quotingPublisher struct{ message.Publisher }
+
+func (quotingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	return fmt.Errorf("broker refused message %s on topic %s (ordering key %s)", msgs[0].UUID, topic, msgs[0].Metadata.Get(relay.MetadataOrderingKey))
+}
+
+// TestFailureTextHoldsNoKeys: a broker client's error may quote the message
+// id (the event key) and the subject or topic (the stream, the ordering
+// key): the failure's stored reason (last_error: ListDead, the CLI, the
+// admin UI) and the relay's log lines hold none of them.
+func TestFailureTextHoldsNoKeys(t *testing.T) {
+	db := testdb.New(t, "postgres")
+	store := db.Store(t)
+	ctx := context.Background()
+	const stream, key, orderingKey = "payments-eu", "customer-ada.lovelace", "account-4711"
+	if err := store.RegisterGroup(ctx, stream, relay.DefaultGroup); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, db, store, outbox.Event{Stream: stream, Key: key, Kind: "K", Payload: []byte("x"), OrderingKey: orderingKey})
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	w, err := relay.NewWatermill(store, quotingPublisher{}, relay.WatermillConfig{
+		Config: relay.Config{Streams: []string{stream}, MaxAttempts: 2, MaxBackoff: 20 * time.Millisecond, Logger: logger},
+		Topic:  func(s string) string { return "topic." + s }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dead []outbox.DeadEvent
+	runUntil(t, w.Run, func() bool {
+		dead, err = store.ListDead(ctx, outbox.DeadQuery{Stream: stream, Group: relay.DefaultGroup, Limit: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(dead) == 1
+	})
+	reason := dead[0].LastError
+	if !strings.Contains(reason, "broker refused message [REDACTED] on topic topic.[REDACTED]") {
+		t.Errorf("last error %q: want the broker's error with the key and stream redacted", reason)
+	}
+	for _, s := range []string{key, orderingKey, stream} {
+		if strings.Contains(reason, s) || strings.Contains(logs.String(), s) {
+			t.Errorf("%q reached the last error %q or the log:\n%s", s, reason, logs.String())
+		}
 	}
 }

@@ -898,7 +898,7 @@ func (p *pipeline) failLoop() {
 func (p *pipeline) settleFailure(f failedItem) {
 	cfg := &p.r.cfg
 	c := f.it.c
-	fl := outbox.Failure{Reason: outbox.SanitizeErrorText(failureText(f.res.err)), MaxAttempts: cfg.MaxAttempts,
+	fl := outbox.Failure{Reason: outbox.SanitizeErrorText(failureText(f.res.err, c)), MaxAttempts: cfg.MaxAttempts,
 		RetryDelay: cfg.backoff(c.Attempts), DeadLetterPolicy: cfg.DeadLetterPolicy}
 	if f.res.dead {
 		fl.MaxAttempts = min(max(c.Attempts, 1), outbox.MaxAttempts)
@@ -932,16 +932,29 @@ func (p *pipeline) settleFailure(f failedItem) {
 	}
 }
 
-// failureText is the stored reason of a failed publish; it holds no key,
-// subject or payload.
-func failureText(err error) string {
-	if errors.Is(err, ErrUnpublishable) || errors.Is(err, ErrStrictConflict) {
-		return err.Error()
+// failureText is the stored (and logged) reason of c's failed publish. The
+// relay's own errors hold no key, subject or payload; a broker client's
+// may quote the message id (the event key) or the subject (the stream, and
+// the ordering key with OrderingKeySubject), so c's key, ordering key and
+// stream are taken out of the error's text (a stream or key that is also a
+// word of the text is taken out there too).
+func failureText(err error, c *outbox.Claimed) string {
+	text := err.Error()
+	secrets := []string{c.Key, c.OrderingKey, c.Stream}
+	slices.SortFunc(secrets, func(a, b string) int { return len(b) - len(a) }) // a key holding another goes first
+	for _, v := range secrets {
+		if v != "" {
+			text = strings.ReplaceAll(text, v, "[REDACTED]")
+		}
 	}
-	if errors.Is(err, nats.ErrMaxPayload) {
-		return fmt.Sprintf("%v: %v", ErrUnpublishable, err)
+	switch {
+	case errors.Is(err, ErrUnpublishable) || errors.Is(err, ErrStrictConflict):
+		return text
+	case errors.Is(err, nats.ErrMaxPayload):
+		return fmt.Sprintf("%v: %s", ErrUnpublishable, text)
+	default:
+		return "relay: " + text
 	}
-	return "relay: " + err.Error()
 }
 
 // retry runs op until it succeeds, fails with a stale claim, or Lease/2
