@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"errors"
 	"maps"
 	"slices"
 	"testing"
@@ -84,5 +85,28 @@ func TestJetStreamDefaultWindow(t *testing.T) {
 	c.setDefaults()
 	if c.Window != DefaultWindow {
 		t.Fatalf("other relays' window %d, want %d", c.Window, DefaultWindow)
+	}
+}
+
+// TestFailureTextRedactsWholeWords: the event's key, ordering key and
+// stream are taken out of a broker client's error where they stand as
+// words of their own (a subject's segments among them), never out of the
+// middle of other words; values of one or two characters are left.
+func TestFailureTextRedactsWholeWords(t *testing.T) {
+	c := &outbox.Claimed{Key: "customer-ada.lovelace", OrderingKey: "acct", Stream: "orders"}
+	for _, tc := range []struct{ err, want string }{
+		{"broker refused message customer-ada.lovelace on topic events.orders.OrderPlaced",
+			"relay: broker refused message [REDACTED] on topic events.[REDACTED].OrderPlaced"},
+		{"orders-archive is full (subject events.orders.acct, key acct:1)",
+			"relay: orders-archive is full (subject events.[REDACTED].[REDACTED], key [REDACTED]:1)"},
+		{"account acct2 and acctx are other words; acct is not", "relay: account acct2 and acctx are other words; [REDACTED] is not"},
+	} {
+		if got := failureText(errors.New(tc.err), c); got != tc.want {
+			t.Errorf("failureText(%q)\n got %q\nwant %q", tc.err, got, tc.want)
+		}
+	}
+	short := &outbox.Claimed{Key: "e2", Stream: "s"}
+	if got := failureText(errors.New("stream s: e2 refused"), short); got != "relay: stream s: e2 refused" {
+		t.Errorf("short values: %q", got)
 	}
 }

@@ -936,15 +936,16 @@ func (p *pipeline) settleFailure(f failedItem) {
 // relay's own errors hold no key, subject or payload; a broker client's
 // may quote the message id (the event key) or the subject (the stream, and
 // the ordering key with OrderingKeySubject), so c's key, ordering key and
-// stream are taken out of the error's text (a stream or key that is also a
-// word of the text is taken out there too).
+// stream are taken out of the error's text wherever one stands as a word
+// of its own (a subject's dots and a colon end a word). Values of fewer
+// than three characters are left: they would cut words apart.
 func failureText(err error, c *outbox.Claimed) string {
 	text := err.Error()
 	secrets := []string{c.Key, c.OrderingKey, c.Stream}
 	slices.SortFunc(secrets, func(a, b string) int { return len(b) - len(a) }) // a key holding another goes first
 	for _, v := range secrets {
-		if v != "" {
-			text = strings.ReplaceAll(text, v, "[REDACTED]")
+		if len(v) >= 3 {
+			text = redactWord(text, v)
 		}
 	}
 	switch {
@@ -954,6 +955,31 @@ func failureText(err error, c *outbox.Claimed) string {
 		return fmt.Sprintf("%v: %s", ErrUnpublishable, text)
 	default:
 		return "relay: " + text
+	}
+}
+
+// redactWord replaces each occurrence of v in text that no letter, digit,
+// '_' or '-' adjoins with "[REDACTED]".
+func redactWord(text, v string) string {
+	inWord := func(b byte) bool {
+		return b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z' || b >= '0' && b <= '9' || b == '_' || b == '-'
+	}
+	var b strings.Builder
+	for {
+		i := strings.Index(text, v)
+		if i < 0 {
+			b.WriteString(text)
+			return b.String()
+		}
+		end := i + len(v)
+		if (i > 0 && inWord(text[i-1])) || (end < len(text) && inWord(text[end])) {
+			b.WriteString(text[:i+1])
+			text = text[i+1:]
+			continue
+		}
+		b.WriteString(text[:i])
+		b.WriteString("[REDACTED]")
+		text = text[end:]
 	}
 }
 
