@@ -221,7 +221,12 @@ type typed[T any] struct {
 }
 
 // New returns a Handler named name (its consumer group) for events of kind
-// on stream, decoding each JSON payload into T.
+// on stream, decoding each JSON payload into T. A payload that does not
+// decode is dead-lettered at once with a reason that quotes none of it. An
+// error fn returns, or a panic (its value and stack), becomes the event's
+// last error as fn wrote it (sanitised, cut to 512 bytes), shown to
+// operators and logged by the router: keep payload content and secrets
+// out of them.
 // It panics if fn is nil, as net/http does for a nil handler func; the bus
 // checks name, stream and kind.
 func New[T any](name, stream, kind string, fn Func[T], opts ...Option) Handler {
