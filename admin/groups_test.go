@@ -133,6 +133,7 @@ func TestActOnEverythingMatching(t *testing.T) {
 		t.Fatalf("the confirmation carries no max_id:\n%s", body)
 	}
 	form.Set("max_id", m[1])
+	form.Set("confirmed", confirmedDigest(t, body))
 	// A matching dead letter that arrives after the confirmation is not
 	// swept up unseen.
 	f.enqueue(outbox.Event{Stream: "orders", Key: "order-5", Kind: "OrderPlaced", Payload: []byte(`{}`)})
@@ -162,5 +163,72 @@ func TestActOnEverythingMatching(t *testing.T) {
 	got, err := f.store.Claim(t.Context(), outbox.ClaimRequest{Stream: "audit", Group: "auditors", Worker: "w", Limit: 10, Lease: time.Minute, MaxAttempts: 3})
 	if err != nil || len(got) != 1 || got[0].Key != "audit-1" {
 		t.Fatalf("the rerouted event for auditors: %v, %v", got, err)
+	}
+}
+
+// confirmedDigest is the confirmation page's digest of the dead letters it
+// showed.
+func confirmedDigest(t *testing.T, body string) string {
+	t.Helper()
+	m := regexp.MustCompile(`name="confirmed" value="([0-9a-f]+)"`).FindStringSubmatch(body)
+	if m == nil {
+		t.Fatalf("the confirmation carries no digest of what it showed:\n%s", body)
+	}
+	return m[1]
+}
+
+// TestActOnEverythingMatchingRefusesUnseenDeadLetters: ids are given at
+// enqueue, not at death, so an event in flight at the confirmation can die
+// below the highest confirmed id afterwards. The action then changes
+// nothing (409) instead of sweeping it up unseen; confirmed again, it
+// applies to all it shows.
+func TestActOnEverythingMatchingRefusesUnseenDeadLetters(t *testing.T) {
+	f := newFixture(t, "sqlite")
+	srv := f.serve(admin.Options{})
+	c := newClient(t)
+	tok := token(t, c, srv.URL+"/dead")
+
+	f.enqueue(outbox.Event{Stream: "orders", Key: "order-6", Kind: "OrderPlaced", Payload: []byte(`{}`)})
+	inFlight := f.claim("orders", "shipping", 1)[0]
+	f.enqueue(outbox.Event{Stream: "orders", Key: "order-7", Kind: "OrderPlaced", Payload: []byte(`{}`)})
+	seen := f.claim("orders", "shipping", 1)[0]
+	f.fail(seen, "connection refused by warehouse", 1)
+	if inFlight.ID >= seen.ID {
+		t.Fatalf("ids %d and %d: the in-flight event must have the lower id", inFlight.ID, seen.ID)
+	}
+
+	form := url.Values{"csrf_token": {tok}, "do": {"discard:matching"}, "stream": {"orders"}, "q": {"warehouse"}}
+	status, body := post(t, c, srv.URL+"/dead/confirm", form, nil)
+	if status != http.StatusOK || !strings.Contains(body, "Discard 2 dead letters") {
+		t.Fatalf("confirm: %d\n%s", status, body)
+	}
+	form.Set("max_id", regexp.MustCompile(`name="max_id" value="(\d+)"`).FindStringSubmatch(body)[1])
+	form.Set("confirmed", confirmedDigest(t, body))
+	f.fail(inFlight, "connection refused by warehouse too", 1) // dies after the confirmation
+
+	status, body = post(t, c, srv.URL+"/dead/apply", form, nil)
+	if status != http.StatusConflict || !strings.Contains(body, "3 match now") {
+		t.Fatalf("apply after an unseen dead letter: %d, want 409\n%s", status, body)
+	}
+	for _, id := range []int64{f.deadShipping, seen.ID, inFlight.ID} {
+		if got := f.status(id); got != outbox.StatusDead {
+			t.Errorf("event %d: %s, want it still dead: nothing changes", id, got)
+		}
+	}
+
+	status, body = post(t, c, srv.URL+"/dead/confirm", form, nil)
+	if status != http.StatusOK || !strings.Contains(body, "Discard 3 dead letters") {
+		t.Fatalf("confirm again: %d\n%s", status, body)
+	}
+	form.Set("max_id", regexp.MustCompile(`name="max_id" value="(\d+)"`).FindStringSubmatch(body)[1])
+	form.Set("confirmed", confirmedDigest(t, body))
+	if status, body := post(t, c, srv.URL+"/dead/apply", form, nil); status != http.StatusOK || !strings.Contains(body, "Discarded 3 of 3") {
+		t.Fatalf("apply: %d\n%s", status, body)
+	}
+
+	// A form without the digest (an old page) is sent back to confirm.
+	form.Del("confirmed")
+	if status, _ := post(t, c, srv.URL+"/dead/apply", form, nil); status != http.StatusBadRequest {
+		t.Errorf("apply without a digest: %d, want 400", status)
 	}
 }

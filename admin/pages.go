@@ -2,6 +2,8 @@ package admin
 
 import (
 	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"html/template"
@@ -351,8 +353,21 @@ type target struct {
 	Refs   []ref
 	Filter deadFilter
 	MaxID  int64
+	// Confirmed is the digest of the refs the confirmation page showed
+	// ("matching" scope): the action applies only to exactly those.
+	Confirmed string
 	// Truncated is true when the filter matched more than one request reads.
 	Truncated bool
+}
+
+// digest identifies a set of refs (in the order resolve lists them).
+func digest(refs []ref) string {
+	h := sha256.New()
+	for _, rf := range refs {
+		h.Write([]byte(rf.Value()))
+		h.Write([]byte{'\n'})
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // ref names one dead letter: its stream and id.
@@ -415,6 +430,7 @@ func (s *server) readTarget(r *http.Request) (target, int, string) {
 				return t, http.StatusBadRequest, "Invalid max_id."
 			}
 		}
+		t.Confirmed = r.PostForm.Get("confirmed")
 	default:
 		return t, http.StatusBadRequest, "Unknown scope."
 	}
@@ -472,7 +488,8 @@ func (s *server) deadConfirm(w http.ResponseWriter, r *http.Request) {
 	if t.Scope == "matching" {
 		d.Filter = t.Filter.describe()
 		form = append(form, hidden{"stream", t.Filter.Stream}, hidden{"group", t.Filter.Group},
-			hidden{"kind", t.Filter.Kind}, hidden{"q", t.Filter.Text}, hidden{"max_id", strconv.FormatInt(t.MaxID, 10)})
+			hidden{"kind", t.Filter.Kind}, hidden{"q", t.Filter.Text}, hidden{"max_id", strconv.FormatInt(t.MaxID, 10)},
+			hidden{"confirmed", digest(t.Refs)})
 	} else {
 		for _, rf := range t.Refs {
 			form = append(form, hidden{"sel", rf.Value()})
@@ -495,12 +512,20 @@ func (s *server) deadApply(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, status, msg)
 		return
 	}
-	if t.Scope == "matching" && t.MaxID <= 0 {
+	if t.Scope == "matching" && (t.MaxID <= 0 || t.Confirmed == "") {
 		s.fail(w, r, http.StatusBadRequest, "Confirm the action first.")
 		return
 	}
 	if err := s.resolve(r, &t); err != nil {
 		s.storeFailed(w, r, "list dead letters", err)
+		return
+	}
+	if t.Scope == "matching" && digest(t.Refs) != t.Confirmed {
+		// A dead letter below the confirmed id died since (ids are given
+		// at enqueue, not at death), or one confirmed is gone: acting now
+		// would touch rows the operator did not see.
+		s.log.Info("admin: action refused", "reason", "the matching dead letters changed since the confirmation", "status", http.StatusConflict)
+		s.fail(w, r, http.StatusConflict, fmt.Sprintf("The dead letters matching the filter changed since you confirmed (%d match now). Nothing was changed: go back, review them and confirm again.", len(t.Refs)))
 		return
 	}
 	byStream := map[string][]int64{}
