@@ -53,6 +53,10 @@ func TestGroupsAndDiscard(t *testing.T) {
 	if regs, _ := f.store.RegisteredGroups(t.Context(), "orders"); len(regs) != 1 || regs[0].Group != "billing" {
 		t.Fatalf("after unregistering shipping: %v", regs)
 	}
+	// Submitted again (a double click, a stale page): not a database failure.
+	if status, body := post(t, c, srv.URL+"/groups/apply", form, nil); status != http.StatusConflict || !strings.Contains(body, "is not registered") {
+		t.Errorf("unregister an unregistered group: %d, want 409 saying it is not registered\n%s", status, body)
+	}
 	if rows, _ := f.store.FindEvents(t.Context(), outbox.EventQuery{ID: f.deadShipping}); len(rows) != 0 {
 		t.Fatalf("the discarded group's dead letter is still stored: %v", rows)
 	}

@@ -737,12 +737,21 @@ func (s *server) groupApply(w http.ResponseWriter, r *http.Request) {
 			res.Pending, res.Processing))
 		return
 	}
+	if errors.Is(err, outbox.ErrGroupNotRegistered) {
+		// Unregistered already (a second submit, another operator).
+		s.log.Info("admin: unregister group refused: not registered")
+		s.fail(w, r, http.StatusConflict, "The group "+d.Group+" of stream "+d.Stream+" is not registered (unregistered already?) and has no events to discard: nothing was changed.")
+		return
+	}
 	if err != nil {
 		s.storeFailed(w, r, "unregister the group", err)
 		return
 	}
-	s.log.Info("admin: group unregistered", "discarded", d.Discard)
+	s.log.Info("admin: group unregistered", "discarded", d.Discard, "was_registered", res.Unregistered)
 	out := resultData{Message: "Unregistered the group " + d.Group + " of stream " + d.Stream + "."}
+	if !res.Unregistered {
+		out.Message = "The group " + d.Group + " of stream " + d.Stream + " was not registered; its events were discarded."
+	}
 	if d.Discard {
 		out.Details = append(out.Details, fmt.Sprintf("Discarded %d pending, %d processing and %d dead-lettered events.", res.Pending, res.Processing, res.Dead))
 	}
