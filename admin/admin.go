@@ -18,7 +18,9 @@
 // offline and needs no build step) that refreshes the overview and toggles
 // selections; everything works without it except the automatic refresh.
 //
-// Security: Authorize runs before every request, static files included.
+// Security: only requests for an IP address or a host of Options.Hosts
+// (default localhost) are answered, which refuses DNS rebinding.
+// Authorize runs before every request, static files included.
 // Actions are POST only and carry a CSRF token (an HMAC of a per-browser
 // cookie, see Options.CSRFKey); cross-origin POSTs are refused by their
 // Sec-Fetch-Site and Origin headers too. ReadOnly hides every action and
@@ -35,6 +37,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -76,6 +79,16 @@ type Options struct {
 	// handler, which is right for a single process (a restart asks an open
 	// page to reload before its next action).
 	CSRFKey []byte
+	// Hosts names the hosts the UI answers besides IP addresses: the
+	// request's Host header without its port, compared without case
+	// ("ops.example.com", or "*.example.com" for its subdomains); "*"
+	// answers any. Empty: "localhost" and "*.localhost". A request for another host gets 421 Misdirected
+	// Request, before Authorize runs. This refuses DNS rebinding: a page of
+	// an attacker's domain that resolves to this server is same-origin to
+	// the browser, which then sends it the UI's pages (and forms) from the
+	// operator's own machine, past origin checks and an Authorize that
+	// trusts the client's address; only the Host it names gives it away.
+	Hosts []string
 }
 
 // Handler returns the admin UI over store.
@@ -105,6 +118,24 @@ func Handler(store *outbox.Store, opts Options) (http.Handler, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	hosts := map[string]bool{}
+	for _, h := range opts.Hosts {
+		h = strings.ToLower(strings.TrimSpace(h))
+		if h != "*" {
+			wild := strings.HasPrefix(h, "*.")
+			name := strings.TrimSuffix(strings.TrimPrefix(h, "*."), ".")
+			if name == "" || strings.ContainsAny(name, "*:/[]@ ") {
+				return nil, fmt.Errorf("admin: host %q must be a host name without port, *.name or *", h)
+			}
+			if h = name; wild {
+				h = "*." + name
+			}
+		}
+		hosts[h] = true
+	}
+	if len(hosts) == 0 {
+		hosts["localhost"], hosts["*.localhost"] = true, true
+	}
 	pages, err := parseTemplates()
 	if err != nil {
 		return nil, err
@@ -119,6 +150,7 @@ func Handler(store *outbox.Store, opts Options) (http.Handler, error) {
 		csrf:      csrfGuard{key: key, cookiePath: prefix + "/"},
 		pages:     pages,
 		origins:   http.NewCrossOriginProtection(),
+		hosts:     hosts,
 	}
 	s.mux = s.routes()
 	return s, nil
@@ -135,7 +167,29 @@ type server struct {
 	csrf      csrfGuard
 	pages     *templates
 	origins   *http.CrossOriginProtection
+	hosts     map[string]bool // names answered besides IP addresses (see Options.Hosts)
 	mux       *http.ServeMux
+}
+
+// answers reports whether the UI serves requests for the Host header host:
+// an IP address, or a name of Options.Hosts.
+func (s *server) answers(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.ToLower(strings.Trim(host, "[]")), ".")
+	switch {
+	case host == "":
+		return false
+	case net.ParseIP(host) != nil, s.hosts["*"], s.hosts[host]:
+		return true
+	}
+	for h := range s.hosts {
+		if suffix, ok := strings.CutPrefix(h, "*"); ok && suffix != "" && strings.HasSuffix(host, suffix) {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *server) routes() *http.ServeMux {
@@ -160,6 +214,11 @@ func (s *server) routes() *http.ServeMux {
 // read-only, cross-origin and CSRF checks, then routes the request.
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	setSecurityHeaders(w.Header())
+	if !s.answers(r.Host) {
+		s.log.Info("admin: request for a host the UI does not answer refused (see admin.Options.Hosts)", "method", r.Method)
+		http.Error(w, "This admin UI does not answer for this host name (admin.Options.Hosts).", http.StatusMisdirectedRequest)
+		return
+	}
 	if s.authorize != nil {
 		if err := s.authorize(r); err != nil {
 			status := http.StatusForbidden

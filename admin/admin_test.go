@@ -3,6 +3,8 @@ package admin_test
 import (
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -253,5 +255,87 @@ func TestReadOnly(t *testing.T) {
 		"sel": {fmt.Sprintf("orders|%d", f.deadShipping)}}, nil)
 	if status != http.StatusOK {
 		t.Fatalf("writable confirm with the same token: %d", status)
+	}
+}
+
+// hostRequest sends method to the UI at srv with the Host header host, as
+// a browser that resolved host to this server (DNS rebinding) would, and
+// as a same-origin page of host would post.
+func hostRequest(t *testing.T, c *http.Client, method, u, host string, form url.Values) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, u, strings.NewReader(form.Encode()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Host = host
+	if method == http.MethodPost {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Origin", "http://"+host)
+		req.Header.Set("Sec-Fetch-Site", "same-origin")
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestDNSRebindingIsRefused: a page of an attacker's domain that resolves
+// to the UI's address is same-origin to the browser, which connects from
+// the operator's machine: origin checks, the CSRF token (the page can read
+// it) and an Authorize that trusts the client's address all pass. The Host
+// header names the attacker's domain, and the UI answers only IP
+// addresses and the names of Options.Hosts (default localhost).
+func TestDNSRebindingIsRefused(t *testing.T) {
+	f := newFixture(t, "sqlite")
+	srv := f.serve(admin.Options{})
+	c := newClient(t)
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(srv.URL, "http://"))
+	const evil = "rebind.attacker.example"
+
+	for _, path := range []string{"/dead?stream=audit", fmt.Sprintf("/events/%d", f.deadDefault), "/static/admin.css", "/"} {
+		status, body := hostRequest(t, c, http.MethodGet, srv.URL+path, evil+":"+port, nil)
+		if status != http.StatusMisdirectedRequest || strings.Contains(body, "csrf_token") || strings.Contains(body, "audit") {
+			t.Errorf("GET %s for %s: %d, want 421 and nothing of the UI\n%s", path, evil, status, body)
+		}
+	}
+	tok := token(t, c, srv.URL+"/dead") // the page could not have read it, but try with a valid one
+	form := url.Values{"csrf_token": {tok}, "do": {"discard:selected"}, "sel": {fmt.Sprintf("audit|%d", f.deadDefault)}}
+	if status, _ := hostRequest(t, c, http.MethodPost, srv.URL+"/dead/apply", evil+":"+port, form); status != http.StatusMisdirectedRequest {
+		t.Errorf("POST for %s: %d, want 421", evil, status)
+	}
+	if got := f.status(f.deadDefault); got != outbox.StatusDead {
+		t.Fatalf("the dead letter was changed through the rebound name: %s", got)
+	}
+
+	for _, host := range []string{"127.0.0.1:" + port, "[::1]:" + port, "localhost:" + port, "LOCALHOST.:" + port, "ui.localhost:" + port} {
+		if status, _ := hostRequest(t, c, http.MethodGet, srv.URL+"/", host, nil); status != http.StatusOK {
+			t.Errorf("GET / for %s: %d, want 200", host, status)
+		}
+	}
+	for _, host := range []string{"evillocalhost:" + port, "localhost.attacker.example:" + port} {
+		if status, _ := hostRequest(t, c, http.MethodGet, srv.URL+"/", host, nil); status != http.StatusMisdirectedRequest {
+			t.Errorf("GET / for %q: %d, want 421", host, status)
+		}
+	}
+
+	named := f.serve(admin.Options{Hosts: []string{"Ops.Example.com", "*.internal.example"}})
+	for host, want := range map[string]int{
+		"ops.example.com:" + port: http.StatusOK, "a.b.internal.example": http.StatusOK, "127.0.0.1": http.StatusOK,
+		"localhost": http.StatusMisdirectedRequest, "internal.example": http.StatusMisdirectedRequest, evil: http.StatusMisdirectedRequest,
+	} {
+		if status, _ := hostRequest(t, c, http.MethodGet, named.URL+"/", host, nil); status != want {
+			t.Errorf("Hosts set, GET / for %s: %d, want %d", host, status, want)
+		}
+	}
+	if status, _ := hostRequest(t, c, http.MethodGet, f.serve(admin.Options{Hosts: []string{"*"}}).URL+"/", evil, nil); status != http.StatusOK {
+		t.Errorf(`Hosts ["*"], GET / for %s: %d, want 200`, evil, status)
+	}
+	for _, bad := range []string{"ops.example.com:8081", "**.example", "*.", "a b", "http://ops", ""} {
+		if _, err := admin.Handler(f.store, admin.Options{Hosts: []string{bad}}); err == nil {
+			t.Errorf("host %q accepted", bad)
+		}
 	}
 }

@@ -17,12 +17,15 @@ import (
 // operator asks for another address.
 const defaultUIAddr = "127.0.0.1:8081"
 
-const uiUsage = `Usage: millpond ui [-addr 127.0.0.1:8081] [-read-only] [-prefix /path] [-db URL]
+const uiUsage = `Usage: millpond ui [-addr 127.0.0.1:8081] [-read-only] [-prefix /path] [-hosts names] [-db URL]
 
 Serve the admin web UI: the backlog per stream and consumer group, dead
 letters with their details, event lookup, and requeue or reroute after a
 confirmation (hidden and refused with -read-only). It has no login: keep it
 on a loopback address (the default) or behind an authenticating proxy.
+It answers requests for IP addresses and for localhost only, unless -hosts
+names the host names it is reached by (a name of an attacker's that
+resolves to this machine would otherwise reach it from your browser).
 Stop it with Ctrl-C.
 `
 
@@ -31,6 +34,7 @@ func cmdUI(e *env, args []string) error {
 	addr := fs.String("addr", defaultUIAddr, "listen address")
 	readOnly := fs.Bool("read-only", false, "hide and refuse every action (requeue, reroute)")
 	prefix := fs.String("prefix", "", "path prefix to serve under, such as /admin (default: the root)")
+	hostList := fs.String("hosts", "", "comma-separated host names the UI answers besides IP addresses, such as ops.example.com or *.example.com (default: localhost)")
 	dbFlag := addDBFlag(fs)
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -45,7 +49,11 @@ func cmdUI(e *env, args []string) error {
 	}
 	defer s.Close()
 	logger := slog.New(slog.NewTextHandler(e.stderr, nil))
-	h, err := admin.Handler(s, admin.Options{ReadOnly: *readOnly, Prefix: *prefix, Logger: logger})
+	var hosts []string
+	if *hostList != "" {
+		hosts = strings.Split(*hostList, ",")
+	}
+	h, err := admin.Handler(s, admin.Options{ReadOnly: *readOnly, Prefix: *prefix, Logger: logger, Hosts: hosts})
 	if err != nil {
 		return usagef("ui: %v", err)
 	}

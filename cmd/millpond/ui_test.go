@@ -62,7 +62,7 @@ func TestUIServes(t *testing.T) {
 	var stdout, stderr lockedBuffer
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, []string{"-db", u.String(), "ui", "-addr", "127.0.0.1:0", "-read-only", "-prefix", "/admin"},
+		done <- run(ctx, []string{"-db", u.String(), "ui", "-addr", "127.0.0.1:0", "-read-only", "-prefix", "/admin", "-hosts", "ops.example.com"},
 			&stdout, &stderr, func(string) string { return "" })
 	}()
 	var base string
@@ -90,6 +90,20 @@ func TestUIServes(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "Read-only") ||
 		resp.Header.Get("Content-Security-Policy") == "" {
 		t.Fatalf("GET %s: %d\n%s", base, resp.StatusCode, body)
+	}
+	// -hosts names the hosts answered besides IP addresses; another name
+	// (a rebound attacker's domain) is refused.
+	for host, want := range map[string]int{"ops.example.com": http.StatusOK, "rebind.attacker.example": http.StatusMisdirectedRequest} {
+		req, _ := http.NewRequest(http.MethodGet, base, nil)
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("GET %s for host %s: %d, want %d", base, host, resp.StatusCode, want)
+		}
 	}
 	cancel()
 	select {

@@ -37,7 +37,7 @@ func TestAdminMount(t *testing.T) {
 			t.Fatal(err)
 		}
 		routes := (&api{store: store, admin: h}).routes()
-		req := httptest.NewRequest(http.MethodGet, "/admin/dead", nil)
+		req := httptest.NewRequest(http.MethodGet, "http://localhost:8080/admin/dead", nil)
 		req.RemoteAddr = "127.0.0.1:5000"
 		rec := httptest.NewRecorder()
 		routes.ServeHTTP(rec, req)
@@ -50,6 +50,15 @@ func TestAdminMount(t *testing.T) {
 		routes.ServeHTTP(rec, req)
 		if rec.Code != http.StatusForbidden {
 			t.Errorf("GET /admin/dead from another host: %d, want 403", rec.Code)
+		}
+		// DNS rebinding: a page of an attacker's domain that resolves to
+		// this machine asks from loopback, naming its own host.
+		req = httptest.NewRequest(http.MethodGet, "http://rebind.attacker.example:8080/admin/dead", nil)
+		req.RemoteAddr = "127.0.0.1:5000"
+		rec = httptest.NewRecorder()
+		routes.ServeHTTP(rec, req)
+		if rec.Code != http.StatusMisdirectedRequest {
+			t.Errorf("GET /admin/dead from loopback for another host name: %d, want 421", rec.Code)
 		}
 	}
 }
