@@ -701,6 +701,7 @@ func (c *Core) AcknowledgeInTx(ctx context.Context, ex Executor, rs []Receipt) (
 		return nil, err
 	}
 	rs = sortedReceipts(rs)
+	ctx = inCallerTx(ctx)
 	settled, err := c.ack(ctx, ex, rs)
 	if err != nil {
 		return nil, err
@@ -1124,9 +1125,18 @@ func (c *Core) Reroute(ctx context.Context, stream string, ids []int64) (int, er
 		return 0, err
 	}
 	moved := 0
-	err := c.inTxRetry(ctx, "reroute", nil, func(tx Tx) error {
+	// In READ COMMITTED on MySQL, as the other settlers: the promotion that
+	// releasing a held key runs reads the events producers committed while
+	// it waited for the key, not a snapshot from before.
+	var opts *sql.TxOptions
+	if c.dialect == MySQL {
+		opts = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+	}
+	err := c.inTxRetry(ctx, "reroute", opts, func(tx Tx) error {
 		moved = 0
 		for _, id := range ids {
+			// A locking read: a concurrent Reroute (or discard, requeue)
+			// of the same row waits, then finds it gone or changed.
 			kind, err := c.queryString(ctx, tx, c.stmts.deadKind, map[string]any{"id": id, "stream": stream})
 			if err != nil {
 				return err
@@ -1154,7 +1164,10 @@ func (c *Core) Reroute(ctx context.Context, stream string, ids []int64) (int, er
 					return err
 				}
 			}
-			if _, err := c.deleteDeliveries(ctx, tx, []int64{id}); err != nil {
+			if n, err := c.deleteDeliveries(ctx, tx, []int64{id}); err != nil || n != 1 {
+				if err == nil {
+					err = fmt.Errorf("reroute: dead letter %d locked but not deleted", id)
+				}
 				return err
 			}
 			if okey != "" && held {

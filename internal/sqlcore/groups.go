@@ -446,8 +446,56 @@ func (c *Core) RetireGroup(ctx context.Context, r RetireRequest) (Retired, error
 			return res, fmt.Errorf("unregistered, then discarding its events: %w", err)
 		}
 	}
-	// Its events are gone, and so are the states of its ordering keys.
-	if _, err := c.db.ExecContext(ctx, ls.forgetKeys.text, ls.forgetKeys.args(vals)...); err != nil {
+	// Its events are gone; then the states of its ordering keys. A producer
+	// that read the registration before it was removed may still be
+	// committing an event of the group behind a head discarded above (it
+	// holds its key's row): the key rows are locked first, which waits for
+	// such producers, then a new read finds what they committed, which is
+	// discarded too, and the states go. (Deleting the states under it would
+	// leave such an event blocked for good, with no head before it.)
+	err = c.lifecycleTx(ctx, func(tx Tx) error {
+		rows, err := tx.QueryContext(ctx, ls.lockKeys.text, ls.lockKeys.args(vals)...)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+		}
+		if err := rowsErr(rows); err != nil {
+			rows.Close()
+			return err
+		}
+		if err := rows.Close(); err != nil {
+			return err
+		}
+		late, err := c.queryIDs(ctx, tx, ls.lateOrdered.text, ls.lateOrdered.args(vals))
+		if err != nil {
+			return err
+		}
+		if len(late) > 0 {
+			gone, err := c.lockRows(ctx, tx, ls.lockUndelivered, r.Stream, slices.Collect(maps.Keys(late)))
+			if err != nil {
+				return err
+			}
+			del := make([]int64, len(gone))
+			for i, g := range gone {
+				del[i] = g.id
+				switch g.status {
+				case StatusPending, StatusBlocked:
+					res.Pending++
+				case StatusProcessing:
+					res.Processing++
+				default:
+					res.Dead++
+				}
+			}
+			if _, err := c.deleteDeliveries(ctx, tx, del); err != nil {
+				return err
+			}
+		}
+		_, err = tx.ExecContext(ctx, ls.forgetKeys.text, ls.forgetKeys.args(vals)...)
+		return err
+	})
+	if err != nil {
 		return res, fmt.Errorf("unregistered and discarded its events, then forgetting its ordering keys: %w", err)
 	}
 	return res, nil

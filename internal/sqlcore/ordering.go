@@ -598,8 +598,37 @@ func (c *Core) promoteMySQL(ctx context.Context, ex Executor, keys []orderKey, v
 	return c.withContent(ctx, ex, next, eventIDs)
 }
 
-// nextBlockedMySQL reads the next blocked event of each key.
+// callerTxKey marks a context whose statements run in the caller's
+// transaction (AcknowledgeInTx), whose isolation the store does not choose.
+type callerTxKey struct{}
+
+// inCallerTx is ctx marked as running in the caller's transaction.
+func inCallerTx(ctx context.Context) context.Context {
+	return context.WithValue(ctx, callerTxKey{}, true)
+}
+
+// nextBlockedMySQL reads the next blocked event of each key. In a
+// transaction of the store's (READ COMMITTED) one statement reads them
+// all, and sees every producer that committed before the key rows were
+// locked. In the caller's transaction (REPEATABLE READ by default on
+// MySQL) a plain read would see the snapshot of its first read, from
+// before a producer that committed since: each key's next event is read
+// by a locking read instead (the latest committed rows), one key at a
+// time (AcknowledgeInTx settles a few receipts).
 func (c *Core) nextBlockedMySQL(ctx context.Context, ex Executor, keys []orderKey) ([]int64, error) {
+	if ctx.Value(callerTxKey{}) != nil {
+		var ids []int64
+		for _, k := range keys {
+			got, err := c.queryIDs(ctx, ex, c.stmts.nextBlockedLocked.text, c.stmts.nextBlockedLocked.args(map[string]any{"stream": k.stream, "group": k.group, "okey": k.key}))
+			if err != nil {
+				return nil, err
+			}
+			for id := range got {
+				ids = append(ids, id)
+			}
+		}
+		return ids, nil
+	}
 	text, args := expandKeys(c.dialect, c.stmts.nextBlocked.text, keys)
 	rows, err := ex.QueryContext(ctx, text, append(c.stmts.nextBlocked.args(nil), args...)...)
 	if err != nil {

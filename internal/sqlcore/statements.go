@@ -71,6 +71,7 @@ type statements struct {
 	handOverIDs          query // SQLite: claim the next events handed over ({ids})
 	lockBlocked          query // MySQL: lock the next events to hand over ({ids})
 	nextBlocked          query // MySQL: the next blocked event of each key ({keys})
+	nextBlockedLocked    query // MySQL: a locking read of the next blocked event of one key (in the caller's transaction)
 	promoteIDs           query // MySQL, SQLite: make those pending ({ids})
 	keyUnsettled         query // MySQL: what rejoinKey wrote
 	orderedDead          query // requeue: dead rows with an ordering key ({ids})
@@ -410,8 +411,11 @@ ON CONFLICT (stream, consumer_group, ordering_key) DO UPDATE SET unsettled = mil
 RETURNING unsettled`)
 	}
 	s.unregister = c("DELETE FROM millpond_subscriptions WHERE stream = @stream AND consumer_group = @group")
+	// Reroute's locking read of a dead default-group row: a second Reroute,
+	// a discard or a requeue of it waits, then sees it gone or changed.
+	lockDeadRow := map[Dialect]string{Postgres: "\nFOR UPDATE OF d", MySQL: "\nFOR UPDATE"}[d]
 	s.deadKind = c(`SELECT e.event_kind FROM millpond_deliveries d JOIN millpond_events e ON e.id = d.event_id
-WHERE d.id = @id AND d.stream = @stream AND d.consumer_group = '' AND d.status = 'dead_letter'`)
+WHERE d.id = @id AND d.stream = @stream AND d.consumer_group = '' AND d.status = 'dead_letter'` + lockDeadRow)
 	s.kindGroups = c(fmt.Sprintf(takersOf, "@kind"))
 	copyRow := insertColsFor + `SELECT src.event_id, src.stream, @group, 'pending', @now
 FROM millpond_deliveries src WHERE src.id = @id`
@@ -832,6 +836,9 @@ ORDER BY stream, consumer_group, ordering_key`)
   WHERE b.stream = k.stream AND b.consumer_group = k.consumer_group AND b.ordering_key = k.ordering_key AND b.blocked_seq IS NOT NULL
   ORDER BY b.blocked_seq LIMIT 1)
 FROM millpond_ordering k WHERE k.unsettled > 0 AND {keys}`)
+		s.nextBlockedLocked = c(`SELECT id FROM millpond_deliveries FORCE INDEX (millpond_deliveries_next_idx)
+WHERE stream = @stream AND consumer_group = @group AND ordering_key = @okey AND blocked_seq IS NOT NULL
+ORDER BY blocked_seq LIMIT 1 FOR UPDATE`)
 		s.promoteIDs = c(`UPDATE millpond_deliveries FORCE INDEX (PRIMARY) SET status = 'pending', available_at = GREATEST(available_at, @now)
 WHERE status = 'blocked' AND id IN ({ids})
 ORDER BY id`)
@@ -1114,6 +1121,8 @@ type lifecycleStatements struct {
 	lockUndelivered query // … of pending, processing or dead-lettered rows
 	lockPending     query // … of pending rows of the default group
 
+	lockKeys    query // lock a retired group's ordering-key states
+	lateOrdered query // undelivered rows of a retired group with an ordering key
 	forgetKeys  query // delete a retired group's ordering-key states
 	copyPending query // a pending copy, for @group, of rows by id (keeps available_at)
 }
@@ -1174,6 +1183,14 @@ ORDER BY o.id LIMIT @limit`)
 	s.lockUndelivered = lock("status IN ('pending', 'processing', 'blocked', 'dead_letter')")
 	s.lockPending = lock("status = 'pending' AND consumer_group = '' AND ordering_key = ''")
 	s.forgetKeys = c("DELETE FROM millpond_ordering WHERE stream = @stream AND consumer_group = @group")
+	lockKeys := "SELECT ordering_key FROM millpond_ordering WHERE stream = @stream AND consumer_group = @group ORDER BY ordering_key"
+	if d != SQLite {
+		lockKeys += " FOR UPDATE"
+	}
+	s.lockKeys = c(lockKeys)
+	s.lateOrdered = c(`SELECT id FROM millpond_deliveries
+WHERE stream = @stream AND consumer_group = @group AND ordering_key <> '' AND status IN ('pending', 'processing', 'blocked', 'dead_letter')
+ORDER BY id`)
 
 	copyRows := insertColsFor + `SELECT src.event_id, src.stream, @group, 'pending', src.available_at
 FROM millpond_deliveries src WHERE src.id `
