@@ -333,6 +333,20 @@ func (c *Core) deleteChunk(ctx context.Context, lock query, stream string, ids [
 	return gone, nil
 }
 
+// count adds deleted rows to the counts by their state.
+func (r *Retired) count(gone []lockedRow) {
+	for _, g := range gone {
+		switch g.status {
+		case StatusPending, StatusBlocked:
+			r.Pending++
+		case StatusProcessing:
+			r.Processing++
+		default:
+			r.Dead++
+		}
+	}
+}
+
 // RetireRequest asks to unregister a consumer group from a stream.
 type RetireRequest struct {
 	// Stream is the stream (required).
@@ -425,21 +439,13 @@ func (c *Core) RetireGroup(ctx context.Context, r RetireRequest) (Retired, error
 	if !r.Discard {
 		return res, nil
 	}
-	// The registration is gone, so no new rows arrive: delete what is left.
+	// The registration is gone: delete what is left (an enqueue that read
+	// it before may still add rows, see below).
 	res.Pending, res.Processing, res.Dead = 0, 0, 0
 	for _, candidates := range []query{ls.unsettledOfGroup, ls.deadOfGroup} {
 		err := c.eachChunk(ctx, candidates, map[string]any{"stream": r.Stream, "group": r.Group, "any_kind": true, "kind": ""}, func(ids []int64) error {
 			gone, err := c.deleteChunk(ctx, ls.lockUndelivered, r.Stream, ids)
-			for _, g := range gone {
-				switch g.status {
-				case StatusPending, StatusBlocked:
-					res.Pending++
-				case StatusProcessing:
-					res.Processing++
-				default:
-					res.Dead++
-				}
-			}
+			res.count(gone)
 			return err
 		})
 		if err != nil {
@@ -476,17 +482,10 @@ func (c *Core) RetireGroup(ctx context.Context, r RetireRequest) (Retired, error
 			if err != nil {
 				return err
 			}
+			res.count(gone)
 			del := make([]int64, len(gone))
 			for i, g := range gone {
 				del[i] = g.id
-				switch g.status {
-				case StatusPending, StatusBlocked:
-					res.Pending++
-				case StatusProcessing:
-					res.Processing++
-				default:
-					res.Dead++
-				}
 			}
 			if _, err := c.deleteDeliveries(ctx, tx, del); err != nil {
 				return err
