@@ -307,9 +307,11 @@ func (s *Store) Close() error {
 }
 
 // Migrate installs or upgrades the outbox schema. It is idempotent and safe
-// to run from several processes at once. It records the applied steps in
-// its own table; migrate a database with it or with an external tool (see
-// MigrationsFS), not both.
+// to run from several processes at once: they take turns under a lock of
+// the database (on MySQL a named lock carrying the database's name, waited
+// for as long as ctx allows, so give a long migration a long context). It
+// records the applied steps in its own table; migrate a database with it or
+// with an external tool (see MigrationsFS), not both.
 func (s *Store) Migrate(ctx context.Context) error {
 	if err := s.core.Migrate(ctx); err != nil {
 		return fmt.Errorf("outbox: migrate: %w", err)

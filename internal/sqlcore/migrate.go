@@ -2,6 +2,7 @@ package sqlcore
 
 import (
 	"context"
+	"database/sql"
 	"embed"
 	"errors"
 	"fmt"
@@ -276,8 +277,16 @@ func (c *Core) MigrateDown(ctx context.Context) error {
 const migrateLockKey = 7_311_042_655_112_001
 
 // underMigrationLock runs fn in a transaction that holds the migration lock.
+// On PostgreSQL the transaction is READ COMMITTED whatever the server's
+// default: a replica that waited for the lock then reads what the winner
+// committed (under REPEATABLE READ it would read a snapshot from before,
+// find nothing applied and run the first step again on the new schema).
 func (c *Core) underMigrationLock(ctx context.Context, fn func(Tx) error) error {
-	return inTx(ctx, c.db, nil, func(tx Tx) error {
+	var opts *sql.TxOptions
+	if c.dialect == Postgres {
+		opts = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+	}
+	return inTx(ctx, c.db, opts, func(tx Tx) error {
 		if err := c.lock(ctx, tx); err != nil {
 			return err
 		}
@@ -292,17 +301,28 @@ func (c *Core) lock(ctx context.Context, tx Tx) error {
 	case Postgres:
 		_, err = tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrateLockKey))
 	case MySQL:
-		var got int
-		rows, qerr := tx.QueryContext(ctx, "SELECT GET_LOCK('millpond_migrate', 60)")
-		if qerr != nil {
-			return fmt.Errorf("take migration lock: %w", qerr)
-		}
-		if rows.Next() {
-			err = rows.Scan(&got)
-		}
-		rows.Close()
-		if err == nil && got != 1 {
-			err = fmt.Errorf("timed out waiting for another migration")
+		// A named lock is the server's: the name carries the database's,
+		// so migrations of other databases on the server do not wait. It
+		// is waited for as long as ctx allows, 5 s at a time (a long
+		// migration of a big table may take minutes).
+		for {
+			var got sql.NullInt64
+			rows, qerr := tx.QueryContext(ctx, "SELECT GET_LOCK("+mysqlMigrateLock+", 5)")
+			if qerr != nil {
+				err = qerr
+				break
+			}
+			if rows.Next() {
+				err = rows.Scan(&got)
+			}
+			rows.Close()
+			if err != nil || got.Int64 == 1 {
+				break
+			}
+			if err = ctx.Err(); err != nil {
+				err = fmt.Errorf("waiting for another migration of this database: %w", err)
+				break
+			}
 		}
 	}
 	if err != nil {
@@ -311,8 +331,12 @@ func (c *Core) lock(ctx context.Context, tx Tx) error {
 	return nil
 }
 
+// mysqlMigrateLock names MySQL's migration lock after the database (a
+// digest: a lock name has at most 64 characters).
+const mysqlMigrateLock = "CONCAT('millpond_migrate:', SHA1(DATABASE()))"
+
 func (c *Core) unlock(ctx context.Context, tx Tx) {
 	if c.dialect == MySQL {
-		_, _ = tx.ExecContext(ctx, "SELECT RELEASE_LOCK('millpond_migrate')")
+		_, _ = tx.ExecContext(ctx, "SELECT RELEASE_LOCK("+mysqlMigrateLock+")")
 	}
 }
