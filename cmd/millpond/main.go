@@ -410,8 +410,22 @@ func openInstalled(e *env, local string, opts ...outbox.Option) (*outbox.Store, 
 		return nil, db, db.fail("read the schema version of", err)
 	}
 	if v == 0 {
+		// No steps recorded by Store.Migrate: the schema may still be
+		// complete, migrated with goose or golang-migrate (their own
+		// bookkeeping); the catalogue tells.
+		err := s.CheckSchema(e.ctx)
+		switch {
+		case err == nil:
+			return s, db, nil
+		case errors.Is(err, outbox.ErrSchemaOutdated) && strings.Contains(err.Error(), "no millpond tables"):
+			err = fmt.Errorf("the outbox schema is not installed in %s; run `millpond migrate` (or your migration tool)", db.shown)
+		case errors.Is(err, outbox.ErrSchemaOutdated):
+			err = fmt.Errorf("the outbox schema in %s is incomplete, its migrations not all applied (run them with the tool that applied the others): %w", db.shown, err)
+		default:
+			err = db.fail("check the schema of", err)
+		}
 		s.Close()
-		return nil, db, fmt.Errorf("the outbox schema is not installed in %s; run `millpond migrate`", db.shown)
+		return nil, db, err
 	}
 	return s, db, nil
 }
