@@ -29,10 +29,11 @@ import (
 // ctx on. On PostgreSQL and MySQL InTx is a plain transaction.
 //
 // InTx called with the ctx of an InTx of the same store that is still
-// running (a helper that wraps its own work in InTx, called from fn)
-// returns ErrNestedTransaction at once, on every dialect: a second
-// transaction would commit apart from the first (and on SQLite wait for
-// it). Take fn's tx as a parameter in such helpers instead.
+// running (a helper that wraps its own work in InTx, called from fn), also
+// through an InTx of another store in between, or of another store over
+// the same SQLite database, returns ErrNestedTransaction at once, on every
+// dialect: a second transaction would commit apart from the first (and on
+// SQLite wait for it). Take fn's tx as a parameter in such helpers instead.
 func (s *Store) InTx(ctx context.Context, opts *sql.TxOptions, fn func(ctx context.Context, tx *sql.Tx) error) (err error) {
 	if fn == nil {
 		return errors.New("outbox: InTx: nil function")
@@ -41,15 +42,18 @@ func (s *Store) InTx(ctx context.Context, opts *sql.TxOptions, fn func(ctx conte
 	if db == nil {
 		return errors.New("outbox: InTx: the store has no database/sql handle")
 	}
-	if t, ok := ctx.Value(turnKey{}).(*turn); ok && t.store == s && t.held.Load() {
-		return ErrNestedTransaction
+	outer, _ := ctx.Value(turnKey{}).(*turn)
+	for o := outer; o != nil; o = o.outer {
+		if o.held.Load() && (o.store == s || (o.gate != nil && o.gate == s.writes)) {
+			return ErrNestedTransaction
+		}
 	}
 	release, err := s.writes.enter(ctx)
 	if err != nil {
 		return fmt.Errorf("outbox: InTx: waiting for the write queue: %w", err)
 	}
 	defer release()
-	t := &turn{store: s, gate: s.writes}
+	t := &turn{store: s, gate: s.writes, outer: outer}
 	t.held.Store(true)
 	defer t.held.Store(false) // before release: a goroutine fn left behind queues again
 	ctx = context.WithValue(ctx, turnKey{}, t)
@@ -85,10 +89,20 @@ type turn struct {
 	store *Store
 	gate  *writeGate // nil but on SQLite
 	held  atomic.Bool
+	outer *turn // the turn of an InTx (of another store) this one runs in
 }
 
-// holds reports whether ctx carries a turn of g that is still held.
+// holds reports whether ctx carries a turn of g that is still held, its
+// own or one of an InTx it runs in.
 func holds(ctx context.Context, g *writeGate) bool {
-	t, ok := ctx.Value(turnKey{}).(*turn)
-	return ok && g != nil && t.gate == g && t.held.Load()
+	if g == nil {
+		return false
+	}
+	t, _ := ctx.Value(turnKey{}).(*turn)
+	for ; t != nil; t = t.outer {
+		if t.gate == g && t.held.Load() {
+			return true
+		}
+	}
+	return false
 }
