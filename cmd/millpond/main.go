@@ -7,7 +7,7 @@
 //
 // Usage:
 //
-//	millpond [-db URL] <command> [flags]
+//	millpond [-db URL] [-delete-on-ack] <command> [flags]
 //
 //	millpond migrate [-down -yes]
 //	millpond stats [-json]
@@ -25,7 +25,10 @@
 // Every command and command group takes -h. The database comes from -db
 // (before or after the command) or from the MILLPOND_DATABASE_URL
 // environment variable: postgres://, mysql://, sqlite:path or a PostgreSQL
-// key=value string. Passwords, event keys and payloads are never printed.
+// key=value string. On a database whose stores run with
+// outbox.WithDeleteOnAck give -delete-on-ack (before the command) or set
+// MILLPOND_DELETE_ON_ACK=1: the commands then open it the same way.
+// Passwords, event keys and payloads are never printed.
 // The exit code is 0 on success, 1 when the command failed, 2 for a usage
 // error and 3 when a command that changes events or groups matched none.
 package main
@@ -55,6 +58,10 @@ import (
 // EnvDatabaseURL names the environment variable read when -db is not given.
 const EnvDatabaseURL = "MILLPOND_DATABASE_URL"
 
+// EnvDeleteOnAck names the environment variable that, set to 1 or true,
+// does what the global -delete-on-ack flag does.
+const EnvDeleteOnAck = "MILLPOND_DELETE_ON_ACK"
+
 // Exit codes.
 const (
 	exitOK      = 0
@@ -67,7 +74,7 @@ const (
 // large purge never holds one long transaction.
 const purgeChunk = 10_000
 
-const usageText = `Usage: millpond [-db URL] <command> [flags]
+const usageText = `Usage: millpond [-db URL] [-delete-on-ack] <command> [flags]
 
 Commands:
   migrate [-down -yes]                  install or upgrade the outbox schema (-down -yes removes it and every event)
@@ -93,6 +100,11 @@ The database is -db URL or $` + EnvDatabaseURL + `:
   mysql://user:pass@host:3306/db
   sqlite:path/to/file.db
 Passwords are never printed.
+
+-delete-on-ack (or $` + EnvDeleteOnAck + `=1): the application's stores run with
+outbox.WithDeleteOnAck; give it on such a database, so that discards and
+reroutes keep the events (the keys' idempotency records) for purge, as those
+stores do.
 
 Run "millpond <command> -h" for a command's flags.
 
@@ -164,6 +176,9 @@ type env struct {
 	stderr io.Writer
 	getenv func(string) string
 	dbURL  string // from the global -db flag, may be empty
+	// deleteOnAck opens stores WithDeleteOnAck (the global -delete-on-ack
+	// flag or $MILLPOND_DELETE_ON_ACK).
+	deleteOnAck bool
 }
 
 // run executes the command line args (without the program name) and
@@ -197,6 +212,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 func dispatch(e *env, args []string) error {
 	fs := newFlagSet(e, "millpond", usageText)
 	fs.StringVar(&e.dbURL, "db", "", "database URL (default $"+EnvDatabaseURL+")")
+	fs.BoolVar(&e.deleteOnAck, "delete-on-ack", false, "the application's stores run with outbox.WithDeleteOnAck: open the database the same way (default $"+EnvDeleteOnAck+")")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -339,6 +355,12 @@ func openWith(e *env, local string, opts ...outbox.Option) (*outbox.Store, targe
 		return nil, target{}, usagef("-db: %v", err)
 	}
 	t := target{addr: addr, shown: addr.String()}
+	if v := strings.ToLower(e.getenv(EnvDeleteOnAck)); e.deleteOnAck || v == "1" || v == "true" {
+		// Discards and reroutes then leave the events their rows leave
+		// behind (the keys' idempotency records) to purge, as the
+		// application's stores do.
+		opts = append(opts, outbox.WithDeleteOnAck())
+	}
 	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
 	defer cancel()
 	s, err := anydb.Open(ctx, raw, opts...)

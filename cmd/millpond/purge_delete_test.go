@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -50,6 +51,73 @@ func TestPurgeDeleteOnAck(t *testing.T) {
 			}
 			if n := db.Count(t, "SELECT COUNT(*) FROM millpond_events"); n != 1 {
 				t.Fatalf("%d events left, want the pending one", n)
+			}
+		})
+	}
+}
+
+// TestDeleteOnAckDatabaseKeepsIdempotencyRecords: on a database whose
+// stores run WithDeleteOnAck, an event outlives its rows as its key's
+// idempotency record until purge. `dead discard` opened the database
+// without the option and deleted the event with its last row: a
+// producer's retry of the key was then a new event, delivered again to the
+// group that had acknowledged it. With the global -delete-on-ack (or
+// $MILLPOND_DELETE_ON_ACK=1) the commands open it as the stores do.
+func TestDeleteOnAckDatabaseKeepsIdempotencyRecords(t *testing.T) {
+	for _, dialect := range testdb.Dialects {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := testdb.New(t, dialect)
+			s := db.Store(t, outbox.WithDeleteOnAck())
+			for _, g := range []string{"billing", "shipping"} {
+				if err := s.RegisterGroup(ctx, "s", g); err != nil {
+					t.Fatal(err)
+				}
+			}
+			enqueue := func(key string) outbox.Enqueued {
+				t.Helper()
+				tx, commit, rollback := db.Begin(t)
+				res, err := s.Enqueue(ctx, tx, outbox.Event{Stream: "s", Key: key, Kind: "Placed", Payload: []byte("p")})
+				if err != nil {
+					rollback()
+					t.Fatal(err)
+				}
+				if err := commit(); err != nil {
+					t.Fatal(err)
+				}
+				return res
+			}
+			claim := func(group string) outbox.Claimed {
+				t.Helper()
+				cs, err := s.Claim(ctx, outbox.ClaimRequest{Stream: "s", Group: group, Worker: "w", Limit: 10, Lease: time.Minute, MaxAttempts: 1})
+				if err != nil || len(cs) != 1 {
+					t.Fatalf("claim %s: %d, %v", group, len(cs), err)
+				}
+				return cs[0]
+			}
+			for i, args := range [][]string{{"-delete-on-ack"}, nil} {
+				key := "order-" + strconv.Itoa(i)
+				env := map[string]string{}
+				if args == nil {
+					env[EnvDeleteOnAck] = "1"
+				}
+				enqueue(key)
+				// billing handles it (its row deleted), shipping dead-letters it.
+				if err := s.Acknowledge(ctx, claim("billing").Receipt()); err != nil {
+					t.Fatal(err)
+				}
+				dead := claim("shipping")
+				if _, err := s.Fail(ctx, dead.Receipt(), outbox.Failure{Reason: "poison", MaxAttempts: 1}); err != nil {
+					t.Fatal(err)
+				}
+				cmd := append(append([]string{"-db", db.URL}, args...), "dead", "discard", "-stream", "s", strconv.FormatInt(dead.ID, 10))
+				if code, stdout, stderr := cli(t, env, cmd...); code != exitOK {
+					t.Fatalf("dead discard: %d %q %q", code, stdout, stderr)
+				}
+				if res := enqueue(key); res.Inserted {
+					t.Errorf("%v %v: after the discard of the last row a retry of the key was inserted again (%+v): billing would get it twice", args, env, res)
+				}
 			}
 		})
 	}
