@@ -815,3 +815,67 @@ func TestMigrateDownFromVersion3(t *testing.T) {
 		})
 	}
 }
+
+// TestMigration0004DownKeepsIdempotencyRecords: under WithDeleteOnAck an
+// acknowledged event keeps no delivery row; its millpond_events row is the
+// key's idempotency record until Purge. The down step of 0004 rebuilt
+// millpond_outbox from the rows only and dropped such events without a
+// word: after down and up again a re-enqueue of the key was a new event,
+// delivered a second time. The down step keeps each as a delivered row of
+// the default group.
+func TestMigration0004DownKeepsIdempotencyRecords(t *testing.T) {
+	for _, dialect := range testdb.Dialects {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := testdb.New(t, dialect)
+			s := db.Store(t, outbox.WithDeleteOnAck(), outbox.WithoutListen())
+			enqueue := func() outbox.Enqueued {
+				t.Helper()
+				tx, commit, rollback := db.Begin(t)
+				res, err := s.Enqueue(ctx, tx, outbox.Event{Stream: "d", Key: "order-1", Kind: "Placed", Payload: []byte("p")})
+				if err != nil {
+					rollback()
+					t.Fatal(err)
+				}
+				if err := commit(); err != nil {
+					t.Fatal(err)
+				}
+				return res
+			}
+			enqueue()
+			cs, err := s.Claim(ctx, outbox.ClaimRequest{Stream: "d", Worker: "w", Limit: 10, Lease: time.Minute, MaxAttempts: 3})
+			if err != nil || len(cs) != 1 {
+				t.Fatalf("claim: %d, %v", len(cs), err)
+			}
+			if err := s.Acknowledge(ctx, cs[0].Receipt()); err != nil {
+				t.Fatal(err)
+			}
+			if n := db.Count(t, "SELECT COUNT(*) FROM millpond_deliveries"); n != 0 {
+				t.Fatalf("%d delivery rows after the acknowledgement, want 0", n)
+			}
+
+			sdb := s.SQLDB()
+			if dialect == "mysql" {
+				migrationScript(t, sdb, dialect, "0007_claim_keeps_index.down.sql")
+				migrationScript(t, sdb, dialect, "0005_status_off_indexes.down.sql")
+				if _, err := sdb.Exec("DELETE FROM millpond_schema_migrations WHERE version IN (5, 7)"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			migrationScript(t, sdb, dialect, "0004_shared_events.down.sql")
+			if _, err := sdb.Exec("DELETE FROM millpond_schema_migrations WHERE version = 4"); err != nil {
+				t.Fatal(err)
+			}
+			if kept := db.Count(t, "SELECT COUNT(*) FROM millpond_outbox WHERE event_key = 'order-1' AND consumer_group = '' AND status = 'delivered'"); kept != 1 {
+				t.Errorf("0004 down kept %d delivered rows of the acknowledged key, want 1", kept)
+			}
+			if err := s.Migrate(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if res := enqueue(); res.Inserted {
+				t.Errorf("after 0004 down and up a re-enqueue of the acknowledged key was inserted (%+v): it would be delivered twice", res)
+			}
+		})
+	}
+}
