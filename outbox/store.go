@@ -474,9 +474,13 @@ func (s *Store) AcknowledgeAndClaimNext(ctx context.Context, rs []Receipt, req C
 //
 // A Subscriber of this process that handed the events out learns of the
 // acknowledgement: when the handler then acks the message it writes no
-// acknowledgement of its own (and logs no lost lease); when the handler
-// nacks it (its transaction rolled back) the Nack is recorded as usual.
-// Commit tx before acking the message.
+// acknowledgement of its own (and logs no lost lease), and it stops
+// extending the events' leases (an extension would wait for the row the
+// acknowledgement locked). When the handler nacks it (its transaction
+// rolled back) the Nack is recorded as usual if the lease still runs; a
+// transaction that outlived the lease leaves the event due again at once,
+// its Nack (backoff, reason) not recorded. Keep such transactions shorter
+// than the lease. Commit tx before acking the message.
 func (s *Store) AcknowledgeInTx(ctx context.Context, tx Tx, rs ...Receipt) error {
 	ex, err := tx.executor()
 	if err != nil {

@@ -862,9 +862,13 @@ func (sub *subscription) fail(c Claimed, msg *message.Message) {
 	})
 	switch {
 	case errors.Is(err, ErrStaleClaim) && inTx:
-		// The handler's transaction acknowledged it and committed: the
-		// acknowledgement stands; nothing was lost.
-		sub.logger.Debug("Nack of an event acknowledged in the handler's transaction; the acknowledgement stands", watermill.LogFields{"event_id": c.ID})
+		// Either the handler's transaction committed the acknowledgement
+		// (it stands: nothing was lost), or it rolled back after outliving
+		// the lease, which stopped being extended when the acknowledgement
+		// ran: then the event is due again already, and this Nack (its
+		// backoff, its reason) is not recorded. Which one, this process
+		// cannot tell without reading the row; both lose nothing.
+		sub.logger.Info("Nack of an event acknowledged in the handler's transaction not recorded: the acknowledgement committed, or the transaction outlived the lease and the event is due again now", watermill.LogFields{"event_id": c.ID})
 	case errors.Is(err, ErrStaleClaim):
 		sub.logger.Info("Nack of an event whose lease was lost; it is retried elsewhere", watermill.LogFields{"event_id": c.ID})
 	case err != nil:

@@ -388,3 +388,38 @@ func TestAcknowledgeInTheHandlersTransaction(t *testing.T) {
 		})
 	}
 }
+
+// TestNackAfterAnInTxAckThatOutlivedItsLease: once a handler acknowledged
+// in its own transaction, the Subscriber stops extending the lease (an
+// extension would wait for the row the acknowledgement locked). A
+// transaction that then outlives the lease and rolls back leaves the event
+// due again at once; the Nack that follows is not recorded, and the log
+// says so instead of claiming that the acknowledgement stands. Nothing is
+// lost: the event comes back.
+func TestNackAfterAnInTxAckThatOutlivedItsLease(t *testing.T) {
+	db := testdb.New(t, "sqlite")
+	store := db.Store(t)
+	var logs logLines
+	_, msgs := subscribe(t, store, outbox.SubscriberConfig{Lease: outbox.MinLease, Backoff: func(int) time.Duration { return time.Hour },
+		Logger: logs.watermill()}, "slow")
+	pub, _ := outbox.NewAutoCommitPublisher(store)
+	if err := pub.Publish("slow", message.NewMessage(watermill.NewUUID(), []byte("x"))); err != nil {
+		t.Fatal(err)
+	}
+	msg := receive(t, msgs, 10*time.Second)
+	tx, _, rollback := db.Begin(t)
+	if err := store.AcknowledgeMessageInTx(context.Background(), tx, msg); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(outbox.MinLease + 500*time.Millisecond) // the transaction outlives the lease
+	rollback()
+	msg.Nack()
+	again := receive(t, msgs, 10*time.Second)
+	if again.UUID != msg.UUID || again.Metadata.Get(outbox.MetadataAttempt) != "2" {
+		t.Fatalf("got %s attempt %s, want the event again at attempt 2", again.UUID, again.Metadata.Get(outbox.MetadataAttempt))
+	}
+	again.Ack()
+	if got := logs.matching("not recorded"); len(got) != 1 || len(logs.matching("acknowledgement stands")) != 0 {
+		t.Errorf("log lines about the Nack: %q, want one saying it was not recorded", got)
+	}
+}
