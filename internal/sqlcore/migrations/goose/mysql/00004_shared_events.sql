@@ -146,6 +146,18 @@ SET @millpond_step = (SELECT IF((SELECT COUNT(*) FROM information_schema.TABLES 
 PREPARE millpond_stmt FROM @millpond_step;
 EXECUTE millpond_stmt;
 DEALLOCATE PREPARE millpond_stmt;
+SET @millpond_step = IF((SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'millpond_deliveries') > 0 AND (SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'millpond_outbox' AND TABLE_TYPE = 'BASE TABLE') = 0,
+    'INSERT INTO millpond_outbox_0003 (stream, consumer_group, event_key, event_kind, payload, metadata, content_hash, status, attempts,
+    available_at, created_at, delivered_at)
+SELECT e.stream, '''', e.event_key, e.event_kind, e.payload, e.metadata, e.content_hash, ''delivered'', 0,
+    e.created_at, e.created_at, e.created_at
+FROM millpond_events e
+WHERE NOT EXISTS (SELECT 1 FROM millpond_deliveries d WHERE d.event_id = e.id)
+ORDER BY e.id',
+    'DO 0');
+PREPARE millpond_stmt FROM @millpond_step;
+EXECUTE millpond_stmt;
+DEALLOCATE PREPARE millpond_stmt;
 SET @millpond_step = IF((SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'millpond_outbox' AND TABLE_TYPE = 'VIEW') > 0,
     'DROP VIEW millpond_outbox',
     'DO 0');

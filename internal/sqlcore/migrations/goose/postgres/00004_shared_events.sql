@@ -109,6 +109,17 @@ BEGIN
         FROM millpond_deliveries d JOIN millpond_events e ON e.id = d.event_id
         ORDER BY d.id;
         PERFORM setval('millpond_outbox_id_seq', GREATEST(s.last_value, 1), s.is_called) FROM millpond_deliveries_id_seq s;
+        -- An event no delivery row points at (acknowledged by every group
+        -- under WithDeleteOnAck) is its key's idempotency record: this
+        -- layout keeps it as a delivered row of the default group, so that
+        -- enqueueing the key again stays a no-op.
+        INSERT INTO millpond_outbox (stream, consumer_group, event_key, event_kind, payload, metadata, content_hash, status, attempts,
+            available_at, created_at, delivered_at, settled)
+        SELECT e.stream, '', e.event_key, e.event_kind, e.payload, e.metadata, e.content_hash, 'delivered', 0,
+            e.created_at, e.created_at, e.created_at, true
+        FROM millpond_events e
+        WHERE NOT EXISTS (SELECT 1 FROM millpond_deliveries d WHERE d.event_id = e.id)
+        ORDER BY e.id;
         CREATE INDEX millpond_outbox_due_idx ON millpond_outbox (stream, consumer_group, id)
             WHERE NOT settled;
         CREATE INDEX millpond_outbox_dead_idx ON millpond_outbox (stream, consumer_group, id)

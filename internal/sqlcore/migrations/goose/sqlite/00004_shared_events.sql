@@ -117,6 +117,13 @@ FROM millpond_deliveries d JOIN millpond_events e ON e.id = d.event_id
 ORDER BY d.id;
 DELETE FROM sqlite_sequence WHERE name = 'millpond_outbox';
 INSERT INTO sqlite_sequence (name, seq) SELECT 'millpond_outbox', seq FROM sqlite_sequence WHERE name = 'millpond_deliveries';
+INSERT INTO millpond_outbox (stream, consumer_group, event_key, event_kind, payload, metadata, content_hash, status, attempts,
+    available_at, created_at, delivered_at)
+SELECT e.stream, '', e.event_key, e.event_kind, e.payload, e.metadata, e.content_hash, 'delivered', 0,
+    e.created_at, e.created_at, e.created_at
+FROM millpond_events e
+WHERE NOT EXISTS (SELECT 1 FROM millpond_deliveries d WHERE d.event_id = e.id)
+ORDER BY e.id;
 CREATE INDEX IF NOT EXISTS millpond_outbox_due_idx ON millpond_outbox (stream, consumer_group, id)
     WHERE status IN ('pending', 'processing');
 CREATE INDEX IF NOT EXISTS millpond_outbox_dead_idx ON millpond_outbox (stream, consumer_group, id)
