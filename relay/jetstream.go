@@ -360,9 +360,11 @@ func checkHeader(k, v string) error {
 	if strings.HasPrefix(lower, "nats-") || strings.HasPrefix(lower, "millpond-") {
 		return fmt.Errorf("%w: metadata key with the reserved prefix Nats- or Millpond-", ErrUnpublishable)
 	}
+	// nats.go takes printable ASCII but for these in a header key
+	// (ErrBadHeaderMsg on every publish otherwise).
 	for _, c := range []byte(k) {
-		if c <= ' ' || c >= 0x7f || c == ':' {
-			return fmt.Errorf("%w: metadata key with a space, colon, control or non-ASCII character", ErrUnpublishable)
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"()/,:;<=>?@[\]{}`, c) >= 0 {
+			return fmt.Errorf("%w: metadata key with a space, control, non-ASCII character or one of \"()/,:;<=>?@[\\]{}", ErrUnpublishable)
 		}
 	}
 	if strings.ContainsAny(v, "\r\n") {
@@ -477,7 +479,10 @@ func (r *JetStream) publishStrict(m *nats.Msg, ev *outbox.Claimed) (bool, error)
 		case err != nil:
 			return false, fmt.Errorf("read the subject's last message: %w", err)
 		}
-		if last.Header.Get(jetstream.MsgIDHeader) == id {
+		// This event, when the message carries its key and its place in
+		// its key's sequence: a later event under the same key (enqueued
+		// again after a Purge) has another place, and goes after it.
+		if last.Header.Get(jetstream.MsgIDHeader) == id && last.Header.Get(HeaderOrderingSeq) == m.Header.Get(HeaderOrderingSeq) {
 			r.setLastSeq(m.Subject, last.Sequence)
 			return true, nil // already published
 		}

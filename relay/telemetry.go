@@ -87,7 +87,8 @@ const (
 func reasonOf(err error) string {
 	var apiErr *jetstream.APIError
 	switch {
-	case errors.Is(err, ErrUnpublishable), errors.Is(err, nats.ErrMaxPayload):
+	case errors.Is(err, ErrUnpublishable), errors.Is(err, nats.ErrMaxPayload), errors.Is(err, nats.ErrBadHeaderMsg),
+		errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum:
 		return ReasonUnpublishable
 	case errors.Is(err, ErrStrictConflict):
 		return ReasonStrictConflict
