@@ -37,6 +37,6 @@ var (
 	ErrStrictConflict = errors.New("relay: strict mode conflict: the subject's last message is not from this ordering key")
 	// ErrUnpublishable reports an event that can never be published as it
 	// is (metadata that cannot be a NATS header, a payload above the
-	// server's limit); it is dead-lettered at once.
+	// server's or the stream's limit); it is dead-lettered at once.
 	ErrUnpublishable = errors.New("relay: event cannot be published")
 )
