@@ -207,7 +207,10 @@ func (b *Bus) subscriberConfig(group string, kinds []string, p handlers.Policy) 
 	if p.MaxInFlight != 0 {
 		c.MaxInFlight = p.MaxInFlight
 	}
-	if p.DeadLetterPolicy == handlers.DeadLetterSkip {
+	switch p.DeadLetterPolicy {
+	case handlers.DeadLetterHold:
+		c.DeadLetterPolicy = outbox.DeadLetterHold
+	case handlers.DeadLetterSkip:
 		c.DeadLetterPolicy = outbox.DeadLetterSkip
 	}
 	if p.HoldClaims {
@@ -217,6 +220,9 @@ func (b *Bus) subscriberConfig(group string, kinds []string, p handlers.Policy) 
 }
 
 func (b *Bus) addHandler(h handlers.Handler) error {
+	if d := h.Policy().DeadLetterPolicy; d < handlers.DeadLetterDefault || d > handlers.DeadLetterSkip {
+		return fmt.Errorf("%w: handler %s: unknown dead-letter policy %d", ErrInvalidConfig, h.Name(), int(d))
+	}
 	cfg := b.subscriberConfig(h.Name(), []string{h.Kind()}, h.Policy())
 	// Start registers the group (RegisterGroups) before the router runs:
 	// the subscriber need not register it a second time when the router

@@ -375,6 +375,11 @@ func TestBusRefusesInvalidConfig(t *testing.T) {
 			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
 		}
 	}
+	odd := handlers.New("odd", "orders", "OrderPlaced", func(context.Context, orderPlaced, handlers.Meta) error { return nil },
+		handlers.WithDeadLetterPolicy(handlers.DeadLetterSkip+1))
+	if _, err := bus.New(store, bus.Config{}, odd); !errors.Is(err, bus.ErrInvalidConfig) {
+		t.Errorf("a handler's unknown dead-letter policy: %v, want ErrInvalidConfig", err)
+	}
 	if _, err := bus.New(nil, bus.Config{}, h); !errors.Is(err, bus.ErrInvalidConfig) {
 		t.Errorf("nil store: %v, want ErrInvalidConfig", err)
 	}

@@ -146,3 +146,74 @@ func TestOrderedHandlers(t *testing.T) {
 		})
 	}
 }
+
+// TestHandlerHoldOverridesABusSkip: a handler that asks for DeadLetterHold
+// (handlers.WithDeadLetterPolicy(handlers.DeadLetterHold)) on a bus whose
+// Subscriber default is DeadLetterSkip holds its keys. Hold was the zero
+// value, taken for "the bus's": the later events of a dead head's key were
+// handed to it although it asked to hold them.
+func TestHandlerHoldOverridesABusSkip(t *testing.T) {
+	for _, dialect := range testdb.Dialects {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			db := testdb.New(t, dialect)
+			store := db.Store(t)
+			var mu sync.Mutex
+			var handled []int
+			h := handlers.New("holder", "steps", "Step", func(ctx context.Context, ev step, m handlers.Meta) error {
+				mu.Lock()
+				handled = append(handled, ev.I)
+				mu.Unlock()
+				if ev.I == 0 {
+					return handlers.Permanent(errors.New("poison head"))
+				}
+				return nil
+			}, handlers.WithDeadLetterPolicy(handlers.DeadLetterHold))
+			cfg := bus.Config{Subscriber: fastSubscriber}
+			cfg.Subscriber.DeadLetterPolicy = outbox.DeadLetterSkip // the bus-wide default
+			b, err := bus.New(store, cfg, h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			if err := b.RegisterGroups(ctx); err != nil {
+				t.Fatal(err)
+			}
+			tx, commit, rollback := db.Begin(t)
+			pub, err := outbox.NewPublisher(store, tx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range 2 {
+				p, _ := json.Marshal(step{Key: "k", I: i})
+				msg := message.NewMessage(watermill.NewUUID(), p)
+				msg.Metadata.Set(outbox.MetadataKind, "Step")
+				msg.Metadata.Set(outbox.MetadataOrderingKey, "k")
+				if err := pub.Publish("steps", msg); err != nil {
+					rollback()
+					t.Fatal(err)
+				}
+			}
+			if err := commit(); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			defer b.Stop(ctx)
+			waitFor(t, "the dead head", func() bool {
+				d, err := store.ListDead(ctx, outbox.DeadQuery{Stream: "steps", Group: "holder", Limit: 10})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return len(d) == 1
+			})
+			time.Sleep(time.Second)
+			mu.Lock()
+			defer mu.Unlock()
+			if len(handled) != 1 {
+				t.Fatalf("handler asked for DeadLetterHold, yet after its dead head it was given %v (want only [0]): the bus default Skip won", handled)
+			}
+		})
+	}
+}

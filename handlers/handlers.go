@@ -54,8 +54,9 @@ type Policy struct {
 	// with an ordering key are still handed out one at a time per key.
 	MaxInFlight int
 	// DeadLetterPolicy is what a dead-lettered event with an ordering key
-	// does to the later events of its key for this handler: hold them (the
-	// zero value) until it is requeued, or skip it.
+	// does to the later events of its key for this handler: hold them until
+	// it is requeued, or skip it; the zero value, DeadLetterDefault, takes
+	// the bus's (hold unless its Config.Subscriber says skip).
 	DeadLetterPolicy DeadLetterPolicy
 	// HoldClaims makes this handler's subscriber hold its claims
 	// (outbox.SubscriberConfig.HoldClaims, PostgreSQL only) whatever the
@@ -65,13 +66,16 @@ type Policy struct {
 }
 
 // DeadLetterPolicy says what a dead-lettered event with an ordering key
-// does to the later events of its key; it matches outbox.DeadLetterPolicy.
+// does to the later events of its key (see outbox.DeadLetterPolicy).
 type DeadLetterPolicy int
 
 const (
-	// DeadLetterHold (the default) keeps the key's later events waiting
-	// until the dead letter is requeued; it is then handled first.
-	DeadLetterHold DeadLetterPolicy = iota
+	// DeadLetterDefault (the zero value) takes the bus's policy.
+	DeadLetterDefault DeadLetterPolicy = iota
+	// DeadLetterHold keeps the key's later events waiting until the dead
+	// letter is requeued; it is then handled first. It is the bus's
+	// default, and a handler that asks for it holds whatever the bus's.
+	DeadLetterHold
 	// DeadLetterSkip hands out the key's next event as soon as its
 	// predecessor is dead-lettered.
 	DeadLetterSkip
@@ -209,7 +213,8 @@ func WithMaxInFlight(n int) Option { return func(p *Policy) { p.MaxInFlight = n 
 func WithHoldClaims() Option { return func(p *Policy) { p.HoldClaims = true } }
 
 // WithDeadLetterPolicy sets what a dead-lettered event with an ordering key
-// does to the later events of its key (default DeadLetterHold).
+// does to the later events of its key (default: the bus's, which holds
+// unless its Config.Subscriber says skip).
 func WithDeadLetterPolicy(d DeadLetterPolicy) Option {
 	return func(p *Policy) { p.DeadLetterPolicy = d }
 }
