@@ -104,6 +104,8 @@ type Bus struct {
 	started bool
 	done    chan struct{} // closed when the router's Run returns
 	runErr  error         // what Run returned, once done is closed
+	// runReported is true when Start returned runErr already.
+	runReported bool
 }
 
 // ErrDuplicateHandler reports two handlers with the same name.
@@ -366,6 +368,7 @@ func (b *Bus) Start(ctx context.Context) error {
 	case <-b.router.Running():
 		return nil
 	case <-b.done:
+		b.runReported = true
 		return fmt.Errorf("bus: router stopped: %w", b.runErr)
 	case <-ctx.Done():
 		_ = b.router.Close()
@@ -378,10 +381,20 @@ func (b *Bus) Start(ctx context.Context) error {
 // bus that never started, returns at once.
 func (b *Bus) Stop(ctx context.Context) error {
 	b.mu.Lock()
-	started, done := b.started, b.done
+	started, done, reported := b.started, b.done, b.runReported
 	b.mu.Unlock()
 	if !started {
 		return nil
+	}
+	select {
+	case <-done:
+		// The router stopped already (a Start that failed, or a run that
+		// ended): closing it would wait for handlers it never ran.
+		if b.runErr != nil && !reported {
+			return fmt.Errorf("bus: stop: %w", b.runErr)
+		}
+		return nil
+	default:
 	}
 	closed := make(chan error, 1)
 	go func() { closed <- b.router.Close() }()

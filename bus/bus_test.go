@@ -562,3 +562,30 @@ func TestHandlerHoldClaims(t *testing.T) {
 		}
 	})
 }
+
+// TestStopAfterAFailedStart: when Start fails because the router's run
+// failed (here a subscriber's schema check), Stop returns nil at once. It
+// used to close a router Watermill never ran, waiting for handlers that
+// never started until the close timeout, and return a timeout error.
+func TestStopAfterAFailedStart(t *testing.T) {
+	db := testdb.New(t, "postgres")
+	store := db.Store(t)
+	ctx := context.Background()
+	if _, err := db.Pool.Exec(ctx, "ALTER TABLE millpond_deliveries DROP COLUMN settled CASCADE"); err != nil {
+		t.Fatal(err)
+	}
+	h := handlers.New("reserve-stock", "orders", "OrderPlaced", func(context.Context, orderPlaced, handlers.Meta) error { return nil })
+	b, err := bus.New(store, bus.Config{Subscriber: fastSubscriber}, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx); !errors.Is(err, outbox.ErrSchemaOutdated) {
+		t.Fatalf("Start: %v, want ErrSchemaOutdated", err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	began := time.Now()
+	if err := b.Stop(sctx); err != nil || time.Since(began) > time.Second {
+		t.Fatalf("Stop after a failed Start took %s and returned %v; want nil at once", time.Since(began), err)
+	}
+}

@@ -163,7 +163,12 @@ func newStore(p storeParams) (*outbox.Store, error) {
 	p.Lifecycle.Append(fx.Hook{
 		OnStart: func(ctx context.Context) error {
 			if p.Config.AutoMigrate {
-				return store.Migrate(ctx)
+				if err := store.Migrate(ctx); err != nil {
+					// fx runs no OnStop of a hook whose OnStart failed:
+					// the store closes here, or its connections stay.
+					_ = store.Close()
+					return err
+				}
 			}
 			return nil
 		},
