@@ -10,6 +10,7 @@
 package handlers
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -227,7 +228,8 @@ type typed[T any] struct {
 
 // New returns a Handler named name (its consumer group) for events of kind
 // on stream, decoding each JSON payload into T. A payload that does not
-// decode is dead-lettered at once with a reason that quotes none of it. An
+// decode (JSON null included, and a decoder that panics) is dead-lettered
+// at once with a reason that quotes none of it. An
 // error fn returns, or a panic (its value and stack), becomes the event's
 // last error as fn wrote it (sanitised, cut to 512 bytes), shown to
 // operators and logged by the router: keep payload content and secrets
@@ -268,6 +270,8 @@ func (e *decodeError) Error() string {
 	var syntax *json.SyntaxError
 	var mismatch *json.UnmarshalTypeError
 	switch {
+	case errors.Is(e.err, errNullPayload):
+		return head + ": " + errNullPayload.Error()
 	case errors.As(e.err, &syntax):
 		return fmt.Sprintf("%s: invalid JSON at byte offset %d", head, syntax.Offset)
 	case errors.As(e.err, &mismatch):
@@ -280,6 +284,26 @@ func (e *decodeError) Error() string {
 
 func (e *decodeError) Unwrap() error { return e.err }
 
+// errNullPayload reports a payload that is JSON null: encoding/json would
+// leave the event its zero value, and the handler would act on an event
+// that says nothing (an order 0, a nil pointer).
+var errNullPayload = errors.New("the payload is JSON null")
+
+// decode decodes a payload into event. A null payload is refused, and a
+// panic of the decoding (a custom UnmarshalJSON) is an error: its value
+// stays out of the text like the decoder's messages.
+func decode[T any](payload []byte, event *T) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("decoding panicked: %v", r)
+		}
+	}()
+	if bytes.Equal(bytes.TrimSpace(payload), []byte("null")) {
+		return errNullPayload
+	}
+	return json.Unmarshal(payload, event)
+}
+
 // Handle decodes the payload and calls the function; a panic becomes an
 // error carrying the panic value and stack.
 func (h *typed[T]) Handle(msg *message.Message) (err error) {
@@ -289,7 +313,7 @@ func (h *typed[T]) Handle(msg *message.Message) (err error) {
 	// stack; here it then only clears a frame.
 	gostack.Grow()
 	var event T
-	if err := json.Unmarshal(msg.Payload, &event); err != nil {
+	if err := decode(msg.Payload, &event); err != nil {
 		return Permanent(&decodeError{handler: h.name, kind: h.kind, into: fmt.Sprintf("%T", event), err: err})
 	}
 	defer func() {

@@ -73,6 +73,35 @@ func TestUndecodablePayloadIsPermanent(t *testing.T) {
 	}
 }
 
+// panicky panics in its decoder with its input.
+type panicky struct{}
+
+func (*panicky) UnmarshalJSON(b []byte) error { panic("cannot take " + string(b)) }
+
+// TestNullAndPanickingPayloadsArePermanent: a JSON null payload would decode
+// into the zero event (an order 0) and a decoder's panic escaped the
+// handler's recovery (Watermill's router then nacked it without a reason,
+// logging the panic value): both are permanent failures whose reason quotes
+// nothing of the payload.
+func TestNullAndPanickingPayloadsArePermanent(t *testing.T) {
+	called := false
+	h := handlers.New("reserve", "orders", "OrderPlaced", func(context.Context, placed, handlers.Meta) error {
+		called = true
+		return nil
+	})
+	for _, payload := range []string{"null", " null\n"} {
+		err := h.Handle(newMsg(payload))
+		if !handlers.IsPermanent(err) || called || !strings.HasSuffix(err.Error(), "the payload is JSON null") {
+			t.Errorf("payload %q: err %v, called %v; want a permanent failure naming the null payload", payload, err, called)
+		}
+	}
+	p := handlers.New("reserve", "orders", "OrderPlaced", func(context.Context, panicky, handlers.Meta) error { return nil })
+	err := p.Handle(newMsg(`"secret-card-4111"`))
+	if !handlers.IsPermanent(err) || strings.Contains(err.Error(), "secret-card") {
+		t.Errorf("a panicking decoder: %v; want a permanent failure quoting nothing of the payload", err)
+	}
+}
+
 func TestHandlerErrorsAreRetryableAndPanicsBecomeErrors(t *testing.T) {
 	cause := errors.New("database is down")
 	h := handlers.New("reserve", "orders", "OrderPlaced", func(context.Context, placed, handlers.Meta) error { return cause })
