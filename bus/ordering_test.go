@@ -83,26 +83,7 @@ func TestOrderedHandlers(t *testing.T) {
 			if err := b.RegisterGroups(ctx); err != nil {
 				t.Fatal(err)
 			}
-			tx, commit, rollback := db.Begin(t)
-			pub, err := outbox.NewPublisher(store, tx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for i := range perKey {
-				for _, k := range []string{"a", "b", "c"} {
-					p, _ := json.Marshal(step{Key: k, I: i})
-					msg := message.NewMessage(watermill.NewUUID(), p)
-					msg.Metadata.Set(outbox.MetadataKind, "Step")
-					msg.Metadata.Set(outbox.MetadataOrderingKey, k)
-					if err := pub.Publish("steps", msg); err != nil {
-						rollback()
-						t.Fatal(err)
-					}
-				}
-			}
-			if err := commit(); err != nil {
-				t.Fatal(err)
-			}
+			publishSteps(t, db, store, perKey, "a", "b", "c")
 			if err := b.Start(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -179,24 +160,7 @@ func TestHandlerHoldOverridesABusSkip(t *testing.T) {
 			if err := b.RegisterGroups(ctx); err != nil {
 				t.Fatal(err)
 			}
-			tx, commit, rollback := db.Begin(t)
-			pub, err := outbox.NewPublisher(store, tx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for i := range 2 {
-				p, _ := json.Marshal(step{Key: "k", I: i})
-				msg := message.NewMessage(watermill.NewUUID(), p)
-				msg.Metadata.Set(outbox.MetadataKind, "Step")
-				msg.Metadata.Set(outbox.MetadataOrderingKey, "k")
-				if err := pub.Publish("steps", msg); err != nil {
-					rollback()
-					t.Fatal(err)
-				}
-			}
-			if err := commit(); err != nil {
-				t.Fatal(err)
-			}
+			publishSteps(t, db, store, 2, "k")
 			if err := b.Start(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -215,5 +179,31 @@ func TestHandlerHoldOverridesABusSkip(t *testing.T) {
 				t.Fatalf("handler asked for DeadLetterHold, yet after its dead head it was given %v (want only [0]): the bus default Skip won", handled)
 			}
 		})
+	}
+}
+
+// publishSteps publishes, in one transaction, perKey Step events of each
+// ordering key, round robin over the keys (step I of every key, then I+1).
+func publishSteps(t *testing.T, db *testdb.Database, store *outbox.Store, perKey int, keys ...string) {
+	t.Helper()
+	tx, commit, rollback := db.Begin(t)
+	pub, err := outbox.NewPublisher(store, tx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range perKey {
+		for _, k := range keys {
+			p, _ := json.Marshal(step{Key: k, I: i})
+			msg := message.NewMessage(watermill.NewUUID(), p)
+			msg.Metadata.Set(outbox.MetadataKind, "Step")
+			msg.Metadata.Set(outbox.MetadataOrderingKey, k)
+			if err := pub.Publish("steps", msg); err != nil {
+				rollback()
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := commit(); err != nil {
+		t.Fatal(err)
 	}
 }
