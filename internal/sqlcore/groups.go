@@ -460,17 +460,7 @@ func (c *Core) RetireGroup(ctx context.Context, r RetireRequest) (Retired, error
 	// discarded too, and the states go. (Deleting the states under it would
 	// leave such an event blocked for good, with no head before it.)
 	err = c.lifecycleTx(ctx, func(tx Tx) error {
-		rows, err := tx.QueryContext(ctx, ls.lockKeys.text, ls.lockKeys.args(vals)...)
-		if err != nil {
-			return err
-		}
-		for rows.Next() {
-		}
-		if err := rowsErr(rows); err != nil {
-			rows.Close()
-			return err
-		}
-		if err := rows.Close(); err != nil {
+		if _, err := c.queryString(ctx, tx, ls.lockKeys, vals); err != nil {
 			return err
 		}
 		late, err := c.queryIDs(ctx, tx, ls.lateOrdered.text, ls.lateOrdered.args(vals))
