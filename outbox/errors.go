@@ -43,6 +43,10 @@ var (
 	// version of millpond needs: its migrations have not all run (see
 	// Store.CheckSchema).
 	ErrSchemaOutdated = sqlcore.ErrSchemaOutdated
+	// ErrSchemaNotInstalled is wrapped, with ErrSchemaOutdated, by
+	// CheckSchema when the database holds no millpond table at all (as
+	// opposed to a schema whose migrations are not all applied).
+	ErrSchemaNotInstalled = sqlcore.ErrSchemaNotInstalled
 	// ErrInvalidSelector reports a DeadSelector that names none or more than
 	// one of ids, a kind, or all of a group.
 	ErrInvalidSelector = sqlcore.ErrInvalidSelector

@@ -42,6 +42,9 @@ func TestSchemaCheck(t *testing.T) {
 				if !errors.Is(err, outbox.ErrSchemaOutdated) {
 					t.Fatalf("%s: CheckSchema = %v, want ErrSchemaOutdated", what, err)
 				}
+				if empty := what == "empty database"; errors.Is(err, outbox.ErrSchemaNotInstalled) != empty {
+					t.Errorf("%s: CheckSchema = %v; wraps ErrSchemaNotInstalled: %v, want %v", what, err, !empty, empty)
+				}
 				for _, m := range missing {
 					if !strings.Contains(err.Error(), m) {
 						t.Errorf("%s: %q does not name %s", what, err, m)

@@ -439,7 +439,7 @@ func openInstalled(e *env, local string, opts ...outbox.Option) (*outbox.Store, 
 		switch {
 		case err == nil:
 			return s, db, nil
-		case errors.Is(err, outbox.ErrSchemaOutdated) && strings.Contains(err.Error(), "no millpond tables"):
+		case errors.Is(err, outbox.ErrSchemaNotInstalled):
 			err = fmt.Errorf("the outbox schema is not installed in %s; run `millpond migrate` (or your migration tool)", db.shown)
 		case errors.Is(err, outbox.ErrSchemaOutdated):
 			err = fmt.Errorf("the outbox schema in %s is incomplete, its migrations not all applied (run them with the tool that applied the others): %w", db.shown, err)

@@ -41,6 +41,9 @@ var (
 	// ErrSchemaOutdated reports a database whose schema lacks what this
 	// version needs: its migrations have not all run.
 	ErrSchemaOutdated = errors.New("the database schema is older than this version of millpond: run its migrations (Store.Migrate, millpond migrate, or the goose or golang-migrate files)")
+	// ErrSchemaNotInstalled is wrapped, with ErrSchemaOutdated, when the
+	// database holds no millpond table at all.
+	ErrSchemaNotInstalled = errors.New("no millpond tables")
 	// ErrInvalidSelector reports a selection of events that names none or
 	// more than one of its alternatives (ids, a kind, all of a group).
 	ErrInvalidSelector = errors.New("invalid selector")

@@ -77,7 +77,7 @@ func (c *Core) CheckSchema(ctx context.Context) error {
 	}
 	switch {
 	case len(have) == 0:
-		return fmt.Errorf("%w: no millpond tables", ErrSchemaOutdated)
+		return fmt.Errorf("%w: %w", ErrSchemaOutdated, ErrSchemaNotInstalled)
 	case len(missing) > 0:
 		return fmt.Errorf("%w: missing %s", ErrSchemaOutdated, strings.Join(missing, ", "))
 	}
