@@ -98,7 +98,8 @@ type Bus struct {
 	router   *message.Router
 	handlers []handlers.Handler
 	streams  []string
-	routed   []*message.Handler // the router's handlers, for Health
+	routed   []*message.Handler   // the router's handlers, for Health
+	subs     []*outbox.Subscriber // their subscribers, in the same order
 
 	mu      sync.Mutex
 	started bool
@@ -235,6 +236,7 @@ func (b *Bus) addHandler(h handlers.Handler) error {
 		return fmt.Errorf("bus: handler %q: %w", h.Name(), err)
 	}
 	b.handlers = append(b.handlers, h)
+	b.subs = append(b.subs, sub)
 	kind := h.Kind()
 	b.routed = append(b.routed, b.router.AddConsumerHandler(h.Name(), h.Stream(), sub, func(msg *message.Message) error {
 		if got := msg.Metadata.Get(outbox.MetadataKind); got != kind {
@@ -260,6 +262,7 @@ func (b *Bus) addUnrouted(stream string) error {
 		return fmt.Errorf("bus: unrouted events of a stream: %w", err)
 	}
 	policy, logger := b.cfg.Unrouted, b.cfg.Logger
+	b.subs = append(b.subs, sub)
 	b.routed = append(b.routed, b.router.AddConsumerHandler("millpond.unrouted."+stream, stream, sub, func(msg *message.Message) error {
 		kind := msg.Metadata.Get(outbox.MetadataKind)
 		if policy == UnroutedAcknowledge {

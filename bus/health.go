@@ -13,8 +13,8 @@ import (
 // keys or payloads: only states and counts.
 type Health struct {
 	// Ready is true when the database answers, the router runs and every
-	// handler's subscriber runs (and the checks that HealthOptions turns on
-	// pass).
+	// handler's subscriber runs with claims that do not keep failing (and
+	// the checks that HealthOptions turns on pass).
 	Ready bool `json:"ready"`
 	// Database is "ok" when Store.Ping succeeded, else "unreachable".
 	Database string `json:"database"`
@@ -30,6 +30,11 @@ type Health struct {
 	// SubscribersRunning those running now.
 	Subscribers        int `json:"subscribers"`
 	SubscribersRunning int `json:"subscribers_running"`
+	// SubscribersFailing counts the subscribers whose claims have kept
+	// failing for at least HealthOptions.ClaimFailureGrace (see
+	// outbox.Subscriber.FailingSince): they deliver nothing even though
+	// the database may answer.
+	SubscribersFailing int `json:"subscribers_failing"`
 	// OldestPendingAgeSeconds is the age of the oldest pending, blocked or
 	// processing event of the bus's consumer groups, from the store's
 	// cached Stats snapshot (see outbox.Store.CachedStats); StatsAt is
@@ -53,10 +58,19 @@ type HealthOptions struct {
 	// reported: taking a lagging instance out of service rarely helps
 	// it catch up; alert on millpond.backlog.oldest_age instead.
 	MaxOldestPendingAge time.Duration
+	// ClaimFailureGrace is how long a subscriber's claims may keep failing
+	// before the bus is not ready (default 15 s: longer than a database
+	// restart usually takes, during which the ping fails anyway). A
+	// negative value only reports the failing subscribers.
+	ClaimFailureGrace time.Duration
 }
 
+// DefaultClaimFailureGrace is HealthOptions.ClaimFailureGrace's default.
+const DefaultClaimFailureGrace = 15 * time.Second
+
 // Health checks the bus: the database (one ping), the PostgreSQL listener,
-// the router and every subscriber, and reads the oldest pending age from
+// the router and every subscriber (running, and claiming without lasting
+// failures), and reads the oldest pending age from
 // the store's cached Stats snapshot (no query when the snapshot is fresh).
 func (b *Bus) Health(ctx context.Context, opts HealthOptions) Health {
 	h := Health{Ready: true, Database: "ok", Listener: "off", Router: "starting"}
@@ -104,6 +118,18 @@ func (b *Bus) Health(ctx context.Context, opts HealthOptions) Health {
 	}
 	if h.SubscribersRunning < h.Subscribers && h.Router == "running" {
 		fail("not every handler's subscriber is running")
+	}
+	grace := opts.ClaimFailureGrace
+	if grace == 0 {
+		grace = DefaultClaimFailureGrace
+	}
+	for _, sub := range b.subs {
+		if since, failing := sub.FailingSince(); failing && time.Since(since) >= max(grace, 0) {
+			h.SubscribersFailing++
+		}
+	}
+	if h.SubscribersFailing > 0 && grace > 0 {
+		fail("the claims of a subscriber keep failing")
 	}
 	if stats, at, err := b.store.CachedStats(ctx); err == nil {
 		at = at.UTC()

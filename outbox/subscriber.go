@@ -223,6 +223,8 @@ type Subscriber struct {
 	closed  bool
 	closing chan struct{}
 	subs    sync.WaitGroup
+	// active holds the running subscriptions, for FailingSince.
+	active map[*subscription]struct{}
 }
 
 // NewSubscriber returns a Subscriber over the store.
@@ -237,7 +239,7 @@ func NewSubscriber(store *Store, config SubscriberConfig) (*Subscriber, error) {
 	if config.HoldClaims && store.Dialect() != string(sqlcore.Postgres) {
 		return nil, fmt.Errorf("outbox: new subscriber: HoldClaims needs PostgreSQL, not %s: %w", store.Dialect(), errors.ErrUnsupported)
 	}
-	return &Subscriber{store: store, config: config, closing: make(chan struct{})}, nil
+	return &Subscriber{store: store, config: config, closing: make(chan struct{}), active: map[*subscription]struct{}{}}, nil
 }
 
 // SubscribeInitialize registers the consumer group for the topic, so events
@@ -277,10 +279,14 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		}
 	}
 	sub := newSubscription(ctx, s, topic)
+	s.active[sub] = struct{}{}
 	s.subs.Add(1)
 	go func() {
 		defer s.subs.Done()
 		sub.run()
+		s.mu.Lock()
+		delete(s.active, sub)
+		s.mu.Unlock()
 	}()
 	return sub.out, nil
 }
@@ -298,6 +304,42 @@ func (s *Subscriber) Close() error {
 	s.mu.Unlock()
 	s.subs.Wait()
 	return nil
+}
+
+// FailingSince reports whether the subscriber's claims are failing: when
+// the latest claim of one of its running subscriptions failed, it returns
+// the time that subscription's streak of failed claims began (the earliest
+// of them) and true. A claim that succeeds, empty or not, ends its
+// subscription's streak. A subscription claims at least every
+// PollInterval, and after a failure retries with a backoff of up to 5 s,
+// so a streak that lasts means the subscriber delivers nothing: for
+// example its tables were dropped or its database user lost a privilege
+// while the database still answers a ping. (A failed acknowledgement
+// write is logged and its events delivered again; it is not counted
+// here.) bus.Health uses it for readiness.
+func (s *Subscriber) FailingSince() (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var since int64
+	for sub := range s.active {
+		if t := sub.claimFailing.Load(); t != 0 && (since == 0 || t < since) {
+			since = t
+		}
+	}
+	if since == 0 {
+		return time.Time{}, false
+	}
+	return time.Unix(0, since), true
+}
+
+// noteOutcome records the outcome of a claim in streak (the start of the current streak of failures, 0 when the
+// latest one succeeded).
+func noteOutcome(streak *atomic.Int64, err error) {
+	if err == nil {
+		streak.Store(0)
+		return
+	}
+	streak.CompareAndSwap(0, time.Now().UnixNano())
 }
 
 // subscription is one Subscribe call: a claimer, MaxInFlight dispatchers,
@@ -348,6 +390,11 @@ type subscription struct {
 	settling sync.WaitGroup
 
 	tel *subTelemetry
+
+	// claimFailing is the start (Unix nanoseconds) of the current streak
+	// of failed claims, 0 when the latest claim succeeded (see
+	// Subscriber.FailingSince).
+	claimFailing atomic.Int64
 }
 
 // settlement is how a held event was acknowledged.
@@ -533,6 +580,7 @@ func (sub *subscription) claimLoop() {
 			claimed, err = sub.store.Claim(ctx, req)
 			cancel()
 		}
+		noteOutcome(&sub.claimFailing, err)
 		if err != nil {
 			// A wake-up cuts the wait short.
 			delay := failed.NextBackOff()

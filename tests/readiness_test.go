@@ -134,3 +134,71 @@ func TestStorePing(t *testing.T) {
 		})
 	}
 }
+
+// A bus whose claims keep failing while the database still answers (here
+// its delivery table was renamed away) is not ready once the failures
+// have lasted ClaimFailureGrace, and ready again once claims succeed; with
+// a negative grace the failing subscribers are only reported.
+func TestReadinessWhenClaimsFail(t *testing.T) {
+	for _, dialect := range []string{"postgres", "mysql", "sqlite"} {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			db := testdb.New(t, dialect)
+			ctx := context.Background()
+			store, err := anydb.Open(ctx, db.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer store.Close()
+			if err := store.Migrate(ctx); err != nil {
+				t.Fatal(err)
+			}
+			h := handlers.New("failing-h", "failing", "K", func(context.Context, telOrder, handlers.Meta) error { return nil })
+			b, err := bus.New(store, bus.Config{Subscriber: outbox.SubscriberConfig{PollInterval: 20 * time.Millisecond}}, h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			defer b.Stop(ctx)
+			strict := b.ReadinessHandler(bus.HealthOptions{ClaimFailureGrace: 300 * time.Millisecond})
+			lenient := b.ReadinessHandler(bus.HealthOptions{ClaimFailureGrace: -1})
+			waitFor := func(what string, ok func(int, bus.Health) bool) bus.Health {
+				t.Helper()
+				deadline := time.Now().Add(15 * time.Second)
+				for {
+					code, rep, body := readyz(t, strict)
+					if ok(code, rep) {
+						return rep
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("%s: never: %d %s", what, code, body)
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+			waitFor("ready", func(code int, rep bus.Health) bool { return code == http.StatusOK && rep.SubscribersFailing == 0 })
+			rename := func(from, to string) {
+				t.Helper()
+				if _, err := store.SQLDB().ExecContext(ctx, "ALTER TABLE "+from+" RENAME TO "+to); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rename("millpond_deliveries", "millpond_deliveries_away")
+			failedAt := time.Now()
+			rep := waitFor("not ready", func(code int, rep bus.Health) bool { return code == http.StatusServiceUnavailable })
+			if rep.SubscribersFailing != 2 || rep.Database != "ok" || rep.SubscribersRunning != 2 {
+				t.Errorf("claims failing: %+v", rep)
+			}
+			if waited := time.Since(failedAt); waited < 300*time.Millisecond {
+				t.Errorf("not ready after %v, before the grace of 300ms", waited)
+			}
+			if code, rep, body := readyz(t, lenient); code != http.StatusOK || rep.SubscribersFailing != 2 {
+				t.Errorf("negative grace: %d %s", code, body)
+			}
+			rename("millpond_deliveries_away", "millpond_deliveries")
+			waitFor("ready again", func(code int, rep bus.Health) bool { return code == http.StatusOK && rep.SubscribersFailing == 0 })
+		})
+	}
+}
