@@ -200,7 +200,8 @@ type scanResult struct {
 
 // scanDead reads dead letters matching f, stream by stream in name order and
 // by id within a stream, from (fromStream, afterID), stopping after want
-// matches (0: no limit) or maxScan rows read. With maxID > 0 only ids up to
+// matches (0: no limit) and the next match (then Next is true: another page
+// follows), or after maxScan rows read. With maxID > 0 only ids up to
 // it are considered.
 func (s *server) scanDead(r *http.Request, f deadFilter, fromStream string, afterID int64, want int, maxID int64) (scanResult, error) {
 	var streams []string
@@ -221,6 +222,10 @@ func (s *server) scanDead(r *http.Request, f deadFilter, fromStream string, afte
 	}
 	var res scanResult
 	scanned := 0
+	// full: the page has its want matches; the scan goes on to the next
+	// match, so that a page is followed by a next one only when there is
+	// one (not by an empty page when the matches end with it).
+	full := false
 	for _, stream := range streams {
 		if fromStream != "" && stream < fromStream {
 			continue
@@ -247,11 +252,22 @@ func (s *server) scanDead(r *http.Request, f deadFilter, fromStream string, afte
 				}
 				scanned++
 				if f.matches(d) {
+					if full {
+						res.Next = true // another match follows the page
+						return res, nil
+					}
 					res.Matches = append(res.Matches, d)
+					if want > 0 && len(res.Matches) == want {
+						full = true
+						res.NextStream, res.NextAfter = stream, d.ID
+					}
 				}
-				if (want > 0 && len(res.Matches) == want) || scanned >= maxScan {
-					res.Truncated = scanned >= maxScan
-					res.Next, res.NextStream, res.NextAfter = true, stream, d.ID
+				if scanned >= maxScan {
+					if !full {
+						res.Truncated = true
+						res.NextStream, res.NextAfter = stream, d.ID
+					}
+					res.Next = true
 					return res, nil
 				}
 			}
@@ -261,6 +277,7 @@ func (s *server) scanDead(r *http.Request, f deadFilter, fromStream string, afte
 			q.AfterID = dead[len(dead)-1].ID
 		}
 	}
+	res.NextStream, res.NextAfter = "", 0 // the matches ended with this page
 	return res, nil
 }
 
