@@ -122,3 +122,40 @@ func TestDeleteOnAckDatabaseKeepsIdempotencyRecords(t *testing.T) {
 		})
 	}
 }
+
+// TestDeleteOnAckEnvValueChecked: $MILLPOND_DELETE_ON_ACK set to a value
+// that is neither true nor false ("yes", "on") was read as false without a
+// word, so on a WithDeleteOnAck database a discard then deleted the events
+// the operator meant to keep as idempotency records. Such a value is a
+// usage error naming the variable, and nothing runs.
+func TestDeleteOnAckEnvValueChecked(t *testing.T) {
+	db := testdb.New(t, "sqlite")
+	ctx := context.Background()
+	s := db.Store(t, outbox.WithDeleteOnAck())
+	tx, commit, rollback := db.Begin(t)
+	if _, err := s.Enqueue(ctx, tx, outbox.Event{Stream: "s", Key: "k", Kind: "Placed", Payload: []byte("p")}); err != nil {
+		rollback()
+		t.Fatal(err)
+	}
+	if err := commit(); err != nil {
+		t.Fatal(err)
+	}
+	cs, err := s.Claim(ctx, outbox.ClaimRequest{Stream: "s", Worker: "w", Limit: 1, Lease: time.Minute, MaxAttempts: 1})
+	if err != nil || len(cs) != 1 {
+		t.Fatalf("claim: %d, %v", len(cs), err)
+	}
+	if _, err := s.Fail(ctx, cs[0].Receipt(), outbox.Failure{Reason: "poison", MaxAttempts: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"yes", "on", "enabled"} {
+		code, _, stderr := cli(t, map[string]string{EnvDeleteOnAck: v}, "-db", db.URL, "dead", "discard", "-stream", "s", strconv.FormatInt(cs[0].ID, 10))
+		if code != exitUsage || !strings.Contains(stderr, EnvDeleteOnAck) {
+			t.Fatalf("%s=%s: code %d, stderr %q; want %d and a message naming the variable", EnvDeleteOnAck, v, code, stderr, exitUsage)
+		}
+	}
+	for _, v := range []string{"", "0", "1", "true", "TRUE", "false"} {
+		if code, _, stderr := cli(t, map[string]string{EnvDeleteOnAck: v}, "-db", db.URL, "stats"); code != exitOK {
+			t.Errorf("%s=%q: code %d, stderr %q; want 0", EnvDeleteOnAck, v, code, stderr)
+		}
+	}
+}
