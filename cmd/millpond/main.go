@@ -355,7 +355,16 @@ func openWith(e *env, local string, opts ...outbox.Option) (*outbox.Store, targe
 		return nil, target{}, usagef("-db: %v", err)
 	}
 	t := target{addr: addr, shown: addr.String()}
-	if v := strings.ToLower(e.getenv(EnvDeleteOnAck)); e.deleteOnAck || v == "1" || v == "true" {
+	envOn := false
+	if v := strings.TrimSpace(e.getenv(EnvDeleteOnAck)); v != "" {
+		// Read strictly: a value taken for false without a word ("yes",
+		// "on") would let a discard delete the keys' idempotency records.
+		var err error
+		if envOn, err = strconv.ParseBool(v); err != nil {
+			return nil, target{}, usagef("$%s is %q: want 1 or true (or 0 or false)", EnvDeleteOnAck, v)
+		}
+	}
+	if e.deleteOnAck || envOn {
 		// Discards and reroutes then leave the events their rows leave
 		// behind (the keys' idempotency records) to purge, as the
 		// application's stores do.
