@@ -1,0 +1,46 @@
+package tests
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/millpond/millpond/internal/testdb"
+	"github.com/millpond/millpond/outbox"
+)
+
+// TestCachedStatsIgnoresACallerThatGaveUp: the stats snapshot is shared by
+// the backlog gauges, readiness probes and CachedStats. A caller whose own
+// context ended while the query ran (a readiness probe that timed out, a
+// client that disconnected) got a context error, and that error was cached
+// for the whole interval: every gauge then reported nothing until the
+// interval passed, though the database was fine. That caller gets its
+// error; the next caller reads the database again.
+func TestCachedStatsIgnoresACallerThatGaveUp(t *testing.T) {
+	db := testdb.New(t, "sqlite")
+	rig := newTelemetryRig(t)
+	store := db.Store(t, rig.options(outbox.WithStatsInterval(time.Hour))...)
+	ctx := context.Background()
+	tx, commit, rollback := db.Begin(t)
+	if _, err := store.Enqueue(ctx, tx, outbox.Event{Stream: "probe", Key: "k", Kind: "K", Payload: []byte("{}")}); err != nil {
+		rollback()
+		t.Fatal(err)
+	}
+	if err := commit(); err != nil {
+		t.Fatal(err)
+	}
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, _, err := store.CachedStats(gone); err == nil {
+		t.Fatal("CachedStats with a cancelled context: no error")
+	}
+	if stats, _, err := store.CachedStats(ctx); err != nil || len(stats) != 1 {
+		t.Fatalf("CachedStats after a caller gave up: %v, %v; want the database's one stream", stats, err)
+	}
+	rm := rig.collect(t)
+	if v, ok := metricValue(rm, "millpond.backlog", attribute.String("messaging.destination.name", "probe"), outbox.AttrState.String("pending")); !ok || v != 1 {
+		t.Fatalf("backlog gauge after a caller gave up: %v (reported %v), want 1", v, ok)
+	}
+}
