@@ -55,7 +55,8 @@ type statsCache struct {
 // CachedStats returns the Stats snapshot that the backlog gauges report and
 // when it was read: Stats runs at most once per stats interval (see
 // WithStatsInterval), however many callers ask, and a failed read is
-// returned (and not retried) until the interval passes too. Use it for
+// returned (and not retried) until the interval passes too, unless it
+// failed because ctx ended: that error goes to this caller only. Use it for
 // dashboards and readiness probes; use Stats for a fresh count.
 func (s *Store) CachedStats(ctx context.Context) ([]StreamStats, time.Time, error) {
 	c := &s.statsCache
@@ -67,6 +68,13 @@ func (s *Store) CachedStats(ctx context.Context) ([]StreamStats, time.Time, erro
 	start := time.Now()
 	stats, err := s.Stats(ctx)
 	s.tel.statsTime.Record(ctx, time.Since(start).Seconds())
+	if err != nil && ctx.Err() != nil {
+		// This caller gave up (a probe's timeout, a client gone): not the
+		// database's answer, so the snapshot stays and the next caller
+		// reads again, rather than every gauge reporting nothing for an
+		// interval.
+		return nil, time.Time{}, err
+	}
 	c.at, c.stats, c.err = time.Now(), stats, err
 	return stats, c.at, err
 }
