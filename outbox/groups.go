@@ -103,7 +103,9 @@ type GroupInfo struct {
 	// RegisteredAt is when the group's oldest registration was written;
 	// zero when it is not registered.
 	RegisteredAt time.Time
-	// Pending counts events waiting for a claim (including delayed retries).
+	// Pending counts events waiting for a claim (including delayed retries)
+	// and events blocked behind the head of their ordering key (which
+	// Stats counts apart, as Blocked).
 	Pending int64
 	// Processing counts claimed events (some leases may have expired).
 	Processing int64

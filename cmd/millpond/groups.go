@@ -26,7 +26,8 @@ With -json, a JSON array with one object per stream and group:
   all_kinds           true when it is registered for every kind
   kinds               the kinds it is registered for (array, may be empty)
   registered_at       when it registered, RFC 3339 in UTC, or null
-  pending             events waiting for a claim, including delayed retries
+  pending             events waiting for a claim, including delayed retries and events
+                      blocked behind their ordering key's head (stats shows those apart)
   processing          claimed events
   dead                dead-lettered events
   delivered           delivered events not purged yet

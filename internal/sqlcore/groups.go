@@ -33,7 +33,8 @@ type GroupActivity struct {
 	Stream string
 	// Group is the consumer group ("" is the default group).
 	Group string
-	// Pending, Processing, Dead and Delivered count rows by state; delivered
+	// Pending, Processing, Dead and Delivered count rows by state (Pending
+	// includes the rows blocked behind their ordering key's head); delivered
 	// rows are counted until Purge removes them.
 	Pending, Processing, Dead, Delivered int64
 	// LastEnqueuedAt is the created_at of the group's newest row.
