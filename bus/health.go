@@ -26,9 +26,9 @@ type Health struct {
 	// or "stopped".
 	Router string `json:"router"`
 	// Subscribers counts the bus's subscribers (one per handler, and one
-	// per stream for unrouted events unless the policy is UnroutedKeep);
-	// SubscribersRunning those running now.
-	Subscribers        int `json:"subscribers"`
+	// per stream for unrouted events unless the policy is UnroutedKeep).
+	Subscribers int `json:"subscribers"`
+	// SubscribersRunning counts those of Subscribers running now.
 	SubscribersRunning int `json:"subscribers_running"`
 	// SubscribersFailing counts the subscribers whose claims have kept
 	// failing for at least HealthOptions.ClaimFailureGrace (see
@@ -37,10 +37,10 @@ type Health struct {
 	SubscribersFailing int `json:"subscribers_failing"`
 	// OldestPendingAgeSeconds is the age of the oldest pending, blocked or
 	// processing event of the bus's consumer groups, from the store's
-	// cached Stats snapshot (see outbox.Store.CachedStats); StatsAt is
-	// when that snapshot was read, absent when it could not be.
-	OldestPendingAgeSeconds float64    `json:"oldest_pending_age_seconds"`
-	StatsAt                 *time.Time `json:"stats_at,omitempty"`
+	// cached Stats snapshot (see outbox.Store.CachedStats).
+	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
+	// StatsAt is when that snapshot was read, absent when it could not be.
+	StatsAt *time.Time `json:"stats_at,omitempty"`
 	// Problems names each failed check, in words fit for an operator.
 	Problems []string `json:"problems,omitempty"`
 }

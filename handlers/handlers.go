@@ -155,7 +155,10 @@ func parseInt(s string) int64 {
 
 // PermanentError marks a failure that retrying cannot fix; the bus
 // dead-letters the event at once.
-type PermanentError struct{ Err error }
+type PermanentError struct {
+	// Err is the cause, which Error quotes and Unwrap returns.
+	Err error
+}
 
 // Error returns the cause's text.
 func (e *PermanentError) Error() string {
