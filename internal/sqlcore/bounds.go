@@ -43,8 +43,8 @@ func ValidateKey(field, value string) error {
 	}
 	for i := 0; i < len(value); i++ {
 		if !keyByte(value[i]) {
-			return fmt.Errorf("%s must contain only ASCII letters, digits, '.', '-', '_' or ':' (byte %d is %q): %w",
-				field, i, value[i], ErrInvalidKey)
+			return fmt.Errorf("%s must contain only ASCII letters, digits, '.', '-', '_' or ':' (byte %d is not allowed): %w",
+				field, i, ErrInvalidKey)
 		}
 	}
 	return nil

@@ -312,3 +312,23 @@ func TestStatementsBindEveryParameter(t *testing.T) {
 		}
 	}
 }
+
+// TestInvalidKeyErrorQuotesNothingOfTheValue: a stream, key or ordering key
+// may carry customer data, and the error refusing one is returned to code
+// that logs it, so, like the seed's, it names the field and the rule but
+// shows nothing of the value, not even the offending character.
+func TestInvalidKeyErrorQuotesNothingOfTheValue(t *testing.T) {
+	for _, v := range []string{"ada@example", "ada;lovelace", "adé", "ada/1", "ada\x00", "ada#"} {
+		err := ValidateKey("event key", v)
+		if !errors.Is(err, ErrInvalidKey) {
+			t.Fatalf("ValidateKey(%q) = %v, want ErrInvalidKey", v, err)
+		}
+		bad := strings.TrimLeft(v, "ad")
+		r, _ := utf8.DecodeRuneInString(bad)
+		for _, shown := range []string{string(r), fmt.Sprintf("%q", bad[0]), fmt.Sprintf("%q", r), fmt.Sprintf("%x", bad[0])} {
+			if strings.Contains(err.Error(), shown) {
+				t.Errorf("ValidateKey(%q): the error shows %s of the value: %v", v, shown, err)
+			}
+		}
+	}
+}
