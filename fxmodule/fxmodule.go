@@ -70,6 +70,23 @@ type Config struct {
 	Health bus.HealthOptions
 }
 
+// String describes the configuration with the database address's password
+// hidden (dsn.Redact), so that an application printing or logging its
+// Config shows no secret.
+func (c Config) String() string {
+	type plain Config
+	p := plain(c)
+	p.DatabaseURL = dsn.Redact(c.DatabaseURL)
+	return fmt.Sprintf("%+v", p)
+}
+
+// GoString is String, so %#v hides the password too.
+func (c Config) GoString() string { return c.String() }
+
+// LogValue is String, for log/slog (whose JSON handler would otherwise
+// print every field).
+func (c Config) LogValue() slog.Value { return slog.StringValue(c.String()) }
+
 // Module provides *outbox.Store, *outbox.Publisher (a context publisher:
 // put the transaction on each message with outbox.ContextWithTx), *bus.Bus
 // and *bus.ReadinessHandler (serve it at /readyz). It needs a Config and a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -26,6 +27,23 @@ type RelayConfig struct {
 	// graph holds one (as Module's store does), else the global one.
 	JetStream relay.JetStreamConfig
 }
+
+// String describes the configuration with the NATS servers' credentials
+// hidden (relay.RedactURL), so that an application printing or logging its
+// RelayConfig shows no secret.
+func (c RelayConfig) String() string {
+	type plain RelayConfig
+	p := plain(c)
+	p.NATSURL = relay.RedactURL(c.NATSURL)
+	return fmt.Sprintf("%+v", p)
+}
+
+// GoString is String, so %#v hides the credentials too.
+func (c RelayConfig) GoString() string { return c.String() }
+
+// LogValue is String, for log/slog (whose JSON handler would otherwise
+// print every field).
+func (c RelayConfig) LogValue() slog.Value { return slog.StringValue(c.String()) }
 
 // ErrNoNATSURL is returned when RelayConfig.NATSURL is empty.
 var ErrNoNATSURL = errors.New("fxmodule: RelayConfig.NATSURL is empty; name the NATS server (nats://…)")

@@ -1,0 +1,60 @@
+package fxmodule_test
+
+import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/millpond/millpond/fxmodule"
+)
+
+// TestConfigsNeverShowTheirPasswords: an application that prints or logs
+// its Config or RelayConfig (fmt, log/slog, zap) sees the database and
+// NATS addresses with their passwords hidden.
+func TestConfigsNeverShowTheirPasswords(t *testing.T) {
+	const dbSecret, natsSecret = "db-Pw-SECRET-7731", "nats-Pw-SECRET-7731"
+	values := map[string]any{
+		"Config URL":       fxmodule.Config{DatabaseURL: "postgres://app:" + dbSecret + "@db.internal:5432/app", AutoMigrate: true},
+		"Config key=value": fxmodule.Config{DatabaseURL: "host=db.internal user=app password=" + dbSecret + " dbname=app"},
+		"Config mysql":     fxmodule.Config{DatabaseURL: "mysql://app:" + dbSecret + "@db.internal:3306/app"},
+		"RelayConfig":      fxmodule.RelayConfig{NATSURL: "nats://relay:" + natsSecret + "@nats.internal:4222,nats://relay:" + natsSecret + "@nats2.internal:4222"},
+	}
+	for name, v := range values {
+		var outputs []string
+		for _, verb := range []string{"%v", "%+v", "%#v", "%s"} {
+			outputs = append(outputs, fmt.Sprintf(verb, v))
+		}
+		outputs = append(outputs, fmt.Sprint(v), fmt.Sprintf("%v", []any{v}))
+		switch c := v.(type) {
+		case fxmodule.Config:
+			outputs = append(outputs, fmt.Sprintf("%v %+v %#v", &c, &c, &c))
+		case fxmodule.RelayConfig:
+			outputs = append(outputs, fmt.Sprintf("%v %+v %#v", &c, &c, &c))
+		}
+		for _, h := range []func(*bytes.Buffer) slog.Handler{
+			func(b *bytes.Buffer) slog.Handler { return slog.NewJSONHandler(b, nil) },
+			func(b *bytes.Buffer) slog.Handler { return slog.NewTextHandler(b, nil) },
+		} {
+			var buf bytes.Buffer
+			slog.New(h(&buf)).Info("config", "config", v)
+			outputs = append(outputs, buf.String())
+		}
+		var buf bytes.Buffer
+		enc := zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig())
+		zap.New(zapcore.NewCore(enc, zapcore.AddSync(&buf), zap.DebugLevel)).Info("config", zap.Any("config", v))
+		outputs = append(outputs, buf.String())
+		for i, out := range outputs {
+			if strings.Contains(out, "SECRET") {
+				t.Errorf("%s: output %d shows a password: %s", name, i, out)
+			}
+			if !strings.Contains(out, "internal") {
+				t.Errorf("%s: output %d hides the host too: %s", name, i, out)
+			}
+		}
+	}
+}
