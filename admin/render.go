@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/millpond/millpond/internal/safetext"
 )
 
 //go:embed web/templates/*.html
@@ -40,6 +42,10 @@ var funcs = template.FuncMap{
 	"ts":        formatTime,
 	"join":      strings.Join,
 	"hasString": func(list []string, s string) bool { return slices.Contains(list, s) },
+	// line shows stored text (a failure text) on one line, with
+	// bidirectional controls, zero-width characters and line breaks
+	// escaped (see internal/safetext).
+	"line": safetext.Line,
 }
 
 func parseTemplates() (*templates, error) {
@@ -152,9 +158,9 @@ func viewPayload(b []byte) payloadView {
 	case len(b) == 0:
 		v.Form = "empty"
 	case json.Valid(b) && json.Indent(&out, b, "", "  ") == nil:
-		v.Text, v.Form = out.String(), "JSON"
+		v.Text, v.Form = safetext.Block(out.String()), "JSON"
 	case utf8.Valid(b):
-		v.Text, v.Form = string(b), "text"
+		v.Text, v.Form = safetext.Block(string(b)), "text"
 	default:
 		var hex strings.Builder
 		for i := 0; i < len(b); i += 16 {

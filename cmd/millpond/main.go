@@ -51,6 +51,7 @@ import (
 	"time"
 
 	"github.com/millpond/millpond/dsn"
+	"github.com/millpond/millpond/internal/safetext"
 	"github.com/millpond/millpond/outbox"
 	"github.com/millpond/millpond/outbox/anydb"
 )
@@ -664,7 +665,7 @@ func cmdDeadList(e *env, args []string) error {
 			key = d.Key
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, groupName(d.Group), key, d.Kind, d.Attempts,
-			d.CreatedAt.UTC().Format(time.RFC3339), d.LastError)
+			d.CreatedAt.UTC().Format(time.RFC3339), safetext.Line(d.LastError))
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write dead letters: %w", err)

@@ -1,0 +1,46 @@
+// Package safetext makes stored text safe to show to an operator in a
+// terminal or a web page. Failure texts and payloads come from handlers and
+// producers: a bidirectional override (U+202E), a zero-width character or a
+// line separator in them would make what an operator reads differ from
+// what is stored (reordering the rest of a line or a table row, hiding
+// characters, breaking a row in two). Such characters are shown as \u
+// escapes instead.
+package safetext
+
+import (
+	"fmt"
+	"strings"
+	"unicode"
+)
+
+// Line returns s with every control character (newlines and tabs
+// included), format character (bidirectional controls, zero-width
+// characters) and line or paragraph separator written as a \uXXXX escape,
+// for one line of a table or a page. Other text is unchanged.
+func Line(s string) string { return escape(s, false) }
+
+// Block is Line for text of several lines, such as a pretty-printed
+// payload: newlines and tabs stay as they are.
+func Block(s string) string { return escape(s, true) }
+
+func unsafe(r rune, block bool) bool {
+	if block && (r == '\n' || r == '\t') {
+		return false
+	}
+	return unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp)
+}
+
+func escape(s string, block bool) string {
+	if strings.IndexFunc(s, func(r rune) bool { return unsafe(r, block) }) < 0 {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if unsafe(r, block) {
+			fmt.Fprintf(&b, `\u%04X`, r)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
