@@ -26,7 +26,7 @@ func TestConfigsNeverShowTheirPasswords(t *testing.T) {
 	}
 	for name, v := range values {
 		var outputs []string
-		for _, verb := range []string{"%v", "%+v", "%#v", "%s"} {
+		for _, verb := range []string{"%v", "%+v", "%#v", "%s", "%d", "%x", "%X", "%q", "%10.4v", "%t"} {
 			outputs = append(outputs, fmt.Sprintf(verb, v))
 		}
 		outputs = append(outputs, fmt.Sprint(v), fmt.Sprintf("%v", []any{v}))

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -40,6 +42,16 @@ func (c RelayConfig) String() string {
 
 // GoString is String, so %#v hides the credentials too.
 func (c RelayConfig) GoString() string { return c.String() }
+
+// Format writes String for every verb (%q quotes it), so that no verb (%s
+// or %x of the fields) prints the password.
+func (c RelayConfig) Format(f fmt.State, verb rune) {
+	s := c.String()
+	if verb == 'q' {
+		s = strconv.Quote(s)
+	}
+	_, _ = io.WriteString(f, s)
+}
 
 // LogValue is String, for log/slog (whose JSON handler would otherwise
 // print every field).

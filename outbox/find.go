@@ -70,6 +70,10 @@ func (r EventRecord) String() string { return sqlcore.EventRecord(r).String() }
 // GoString is String, so %#v redacts too.
 func (r EventRecord) GoString() string { return sqlcore.EventRecord(r).GoString() }
 
+// Format writes String for every verb (%q quotes it), so that no verb
+// (%d, %x, %s of the struct's fields) prints a secret.
+func (r EventRecord) Format(f fmt.State, verb rune) { sqlcore.EventRecord(r).Format(f, verb) }
+
 // LogValue redacts the record for log/slog.
 func (r EventRecord) LogValue() slog.Value { return sqlcore.EventRecord(r).LogValue() }
 

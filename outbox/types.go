@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -102,6 +103,10 @@ func (e Event) String() string { return sqlcore.Event(e).String() }
 // GoString is String, so %#v redacts too.
 func (e Event) GoString() string { return sqlcore.Event(e).GoString() }
 
+// Format writes String for every verb (%q quotes it), so that no verb
+// (%d, %x, %s of the struct's fields) prints a secret.
+func (e Event) Format(f fmt.State, verb rune) { sqlcore.Event(e).Format(f, verb) }
+
 // LogValue redacts the event for log/slog.
 func (e Event) LogValue() slog.Value { return sqlcore.Event(e).LogValue() }
 
@@ -138,6 +143,10 @@ func (r Receipt) String() string { return sqlcore.Receipt(r).String() }
 
 // GoString is String, so %#v redacts too.
 func (r Receipt) GoString() string { return sqlcore.Receipt(r).GoString() }
+
+// Format writes String for every verb (%q quotes it), so that no verb
+// (%d, %x, %s of the struct's fields) prints a secret.
+func (r Receipt) Format(f fmt.State, verb rune) { sqlcore.Receipt(r).Format(f, verb) }
 
 // LogValue redacts the claim key for log/slog.
 func (r Receipt) LogValue() slog.Value { return sqlcore.Receipt(r).LogValue() }
@@ -195,6 +204,10 @@ func (c Claimed) String() string { return sqlcore.Claimed(c).String() }
 
 // GoString is String, so %#v redacts too.
 func (c Claimed) GoString() string { return sqlcore.Claimed(c).GoString() }
+
+// Format writes String for every verb (%q quotes it), so that no verb
+// (%d, %x, %s of the struct's fields) prints a secret.
+func (c Claimed) Format(f fmt.State, verb rune) { sqlcore.Claimed(c).Format(f, verb) }
 
 // LogValue redacts the claim for log/slog.
 func (c Claimed) LogValue() slog.Value { return sqlcore.Claimed(c).LogValue() }
@@ -294,6 +307,10 @@ func (d DeadEvent) String() string { return sqlcore.DeadEvent(d).String() }
 
 // GoString is String, so %#v redacts too.
 func (d DeadEvent) GoString() string { return sqlcore.DeadEvent(d).GoString() }
+
+// Format writes String for every verb (%q quotes it), so that no verb
+// (%d, %x, %s of the struct's fields) prints a secret.
+func (d DeadEvent) Format(f fmt.State, verb rune) { sqlcore.DeadEvent(d).Format(f, verb) }
 
 // LogValue redacts the dead event for log/slog.
 func (d DeadEvent) LogValue() slog.Value { return sqlcore.DeadEvent(d).LogValue() }

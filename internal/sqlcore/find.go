@@ -79,6 +79,10 @@ func (r EventRecord) String() string {
 // GoString is String, so %#v redacts too.
 func (r EventRecord) GoString() string { return r.String() }
 
+// Format writes String for every verb (%q quotes it), so that no verb
+// prints the fields one by one.
+func (r EventRecord) Format(f fmt.State, verb rune) { formatRedacted(f, verb, r.String()) }
+
 // LogValue redacts the record for log/slog.
 func (r EventRecord) LogValue() slog.Value {
 	return slog.GroupValue(slog.Int64("id", r.ID), slog.String("stream", redacted), slog.String("group", redacted),

@@ -3,7 +3,9 @@ package sqlcore
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
+	"strconv"
 	"time"
 )
 
@@ -109,6 +111,10 @@ func (e Event) String() string {
 // GoString is String, so %#v redacts too.
 func (e Event) GoString() string { return e.String() }
 
+// Format writes String for every verb (%q quotes it), so that no verb
+// prints the fields one by one.
+func (e Event) Format(f fmt.State, verb rune) { formatRedacted(f, verb, e.String()) }
+
 // LogValue redacts the event for log/slog.
 func (e Event) LogValue() slog.Value {
 	return slog.GroupValue(slog.String("stream", redacted), slog.String("key", redacted),
@@ -151,6 +157,10 @@ func (r Receipt) String() string { return fmt.Sprintf("Receipt{ID:%d ClaimKey:%s
 
 // GoString is String, so %#v redacts too.
 func (r Receipt) GoString() string { return r.String() }
+
+// Format writes String for every verb (%q quotes it), so that no verb
+// prints the fields one by one.
+func (r Receipt) Format(f fmt.State, verb rune) { formatRedacted(f, verb, r.String()) }
 
 // LogValue redacts the claim key for log/slog.
 func (r Receipt) LogValue() slog.Value {
@@ -207,6 +217,10 @@ func (c Claimed) String() string {
 
 // GoString is String, so %#v redacts too.
 func (c Claimed) GoString() string { return c.String() }
+
+// Format writes String for every verb (%q quotes it), so that no verb
+// prints the fields one by one.
+func (c Claimed) Format(f fmt.State, verb rune) { formatRedacted(f, verb, c.String()) }
 
 // LogValue redacts the claim for log/slog.
 func (c Claimed) LogValue() slog.Value {
@@ -333,6 +347,10 @@ func (d DeadEvent) String() string {
 // GoString is String, so %#v redacts too.
 func (d DeadEvent) GoString() string { return d.String() }
 
+// Format writes String for every verb (%q quotes it), so that no verb
+// prints the fields one by one.
+func (d DeadEvent) Format(f fmt.State, verb rune) { formatRedacted(f, verb, d.String()) }
+
 // LogValue redacts the dead event for log/slog.
 func (d DeadEvent) LogValue() slog.Value {
 	return slog.GroupValue(slog.Int64("id", d.ID), slog.String("stream", redacted), slog.String("key", redacted),
@@ -369,4 +387,14 @@ type StreamStats struct {
 	// HeldKeys counts ordering keys held by a dead-lettered event (under
 	// DeadLetterHold): their later events wait until it is requeued.
 	HeldKeys int64
+}
+
+// formatRedacted writes s, a redacted description, for any fmt verb: %d,
+// %x or %s of a struct would otherwise print its fields one by one, secrets
+// included, past String and GoString. %q quotes s.
+func formatRedacted(f fmt.State, verb rune, s string) {
+	if verb == 'q' {
+		s = strconv.Quote(s)
+	}
+	_, _ = io.WriteString(f, s)
 }
