@@ -1,0 +1,99 @@
+package tests
+
+import (
+	"context"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millpond/millpond/internal/testdb"
+	"github.com/millpond/millpond/outbox"
+	"github.com/millpond/millpond/outbox/postgres"
+)
+
+// frozenEnv is a migrated PostgreSQL schema and a store that reaches it
+// through a freezeProxy; e reaches it directly, to look at the rows while
+// the proxy is frozen.
+type frozenEnv struct {
+	*env
+	proxy *freezeProxy
+	pool  *pgxpool.Pool
+	store *outbox.Store
+}
+
+func newFrozenEnv(t *testing.T) *frozenEnv {
+	t.Helper()
+	e := newEnv(t, "postgres", false)
+	target := strings.TrimPrefix(strings.SplitN(strings.TrimPrefix(testdb.PostgresURL(), "postgres://"), "/", 2)[0], "postgres@")
+	proxy := newFreezeProxy(t, target)
+	pool, err := pgxpool.New(context.Background(), proxy.via(t, e.db.URL)+"&pool_max_conns=8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := postgres.New(pool, outbox.WithoutListen())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The proxy thaws first (cleanups run last in, first out), so whatever
+	// still waits on the database ends.
+	t.Cleanup(func() { _ = store.Close(); pool.Close() })
+	t.Cleanup(proxy.unfreeze)
+	return &frozenEnv{env: e, proxy: proxy, pool: pool, store: store}
+}
+
+// within runs f and fails the test if it has not returned after limit.
+func within(t *testing.T, limit time.Duration, what string, f func()) time.Duration {
+	t.Helper()
+	start := time.Now()
+	done := make(chan struct{})
+	go func() { defer close(done); f() }()
+	select {
+	case <-done:
+		return time.Since(start)
+	case <-time.After(limit):
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		t.Fatalf("%s has not returned after %s while the database does not answer\n%s", what, limit, buf)
+		return 0
+	}
+}
+
+// TestHeldSubscriberCloseWithFrozenDatabase: a Subscriber with HoldClaims
+// closed while its database does not answer (a hung host, a network that
+// drops packets) ends its held batches within a statement's bound: Close
+// returns, and so does closing the store and its pool, whose connections
+// the batches' transactions must give back rather than wait on a
+// rollback that never returns.
+func TestHeldSubscriberCloseWithFrozenDatabase(t *testing.T) {
+	f := newFrozenEnv(t)
+	evs := make([]outbox.Event, 10)
+	for i := range evs {
+		evs[i] = event("frozen", "k"+string(rune('a'+i)))
+	}
+	f.enqueueAll(evs...)
+	// Nobody reads the channel: the batch is claimed and held, its
+	// messages wait for a reader.
+	sub, err := outbox.NewSubscriber(f.store, outbox.SubscriberConfig{
+		HoldClaims: true, HoldClaimsAfter: -1, Lease: 9 * time.Second, BatchSize: 10,
+		CloseTimeout: 100 * time.Millisecond, PollInterval: 10 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sub.Subscribe(context.Background(), "frozen"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the batch to be held", func() bool { return f.lockedRows("frozen") == 10 })
+	f.proxy.freeze()
+
+	// A statement of the subscription waits at most max(Lease/2, 5 s).
+	took := within(t, 20*time.Second, "Subscriber.Close", func() { _ = sub.Close() })
+	t.Logf("Close took %s", took)
+	within(t, 10*time.Second, "Store.Close and closing the pool", func() {
+		_ = f.store.Close()
+		f.pool.Close()
+	})
+}
