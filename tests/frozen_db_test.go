@@ -92,7 +92,9 @@ func TestHeldSubscriberCloseWithFrozenDatabase(t *testing.T) {
 	// A statement of the subscription waits at most max(Lease/2, 5 s).
 	took := within(t, 20*time.Second, "Subscriber.Close", func() { _ = sub.Close() })
 	t.Logf("Close took %s", took)
-	within(t, 10*time.Second, "Store.Close and closing the pool", func() {
+	// A connection the driver drops sends the server a cancel request
+	// first, for at most 15 s (pgx's own bound).
+	within(t, 25*time.Second, "Store.Close and closing the pool", func() {
 		_ = f.store.Close()
 		f.pool.Close()
 	})

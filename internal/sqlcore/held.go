@@ -316,6 +316,14 @@ func (h *Held) settle(ctx context.Context, tx Tx, delivered, lease []int64) ([]R
 
 // Abort ends the held claim without settling anything: every event it held
 // is due again, unchanged. Aborting an ended claim does nothing.
+//
+// A transaction's Rollback has no deadline (the pgx adapter rolls back
+// under a context that cannot end), so on a database that does not answer
+// it would wait forever, keeping its pooled connection: closing the pool
+// would then wait too. The claim therefore rolls back with a statement
+// first, bounded as any statement of a holder (max(Lease/2, 5 s)): when
+// the bound passes the driver drops the connection, and the Rollback that
+// follows returns at once.
 func (h *Held) Abort() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -325,5 +333,11 @@ func (h *Held) Abort() error {
 	tx := h.tx
 	h.tx = nil
 	defer h.end()
-	return tx.Rollback()
+	ctx, cancel := context.WithTimeout(context.Background(), max(h.req.Lease/2, 5*time.Second))
+	defer cancel()
+	_, err := tx.ExecContext(ctx, "ROLLBACK")
+	if rerr := tx.Rollback(); err == nil {
+		err = rerr
+	}
+	return err
 }
