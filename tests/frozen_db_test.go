@@ -99,3 +99,41 @@ func TestHeldSubscriberCloseWithFrozenDatabase(t *testing.T) {
 		f.pool.Close()
 	})
 }
+
+// TestSubscriberCloseWithFrozenDatabase: a leased Subscriber closed while
+// its database does not answer returns after its statements' bounds
+// (max(Lease/2, 5 s) each: the release of what it claimed, the write of
+// its pending acks), not after one bound per 250 events it holds: the
+// lease extender must not go on renewing, chunk after chunk, the leases of
+// a subscription that has ended.
+func TestSubscriberCloseWithFrozenDatabase(t *testing.T) {
+	f := newFrozenEnv(t)
+	const n = 1000
+	enqueueMany(t, f.db, f.s, "frozen", "ev", n)
+	sub, err := outbox.NewSubscriber(f.store, outbox.SubscriberConfig{
+		Lease: 9 * time.Second, BatchSize: n, MaxInFlight: 4,
+		CloseTimeout: 100 * time.Millisecond, PollInterval: 10 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := sub.Subscribe(context.Background(), "frozen")
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := func() int64 {
+		return f.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = ? AND status = 'processing'", "frozen")
+	}
+	waitFor(t, "the events to be claimed", func() bool { return held() >= n-100 })
+	for range 3 {
+		(<-msgs).Ack()
+	}
+	<-msgs // handed out, never settled
+	// Let the extender start a round, then freeze.
+	time.Sleep(3100 * time.Millisecond)
+	f.proxy.freeze()
+	took := within(t, 40*time.Second, "Subscriber.Close", func() { _ = sub.Close() })
+	if limit := 2*5*time.Second + 3*time.Second; took > limit {
+		t.Fatalf("Close took %s while the database did not answer, want at most %s", took, limit)
+	}
+}
