@@ -1249,8 +1249,21 @@ func (sub *subscription) countAcks(batch, stale []Receipt) {
 	}
 }
 
-// extendLoop renews the lease of every held event every Lease/3.
+// extendLoop renews the lease of every held event every Lease/3. Once stop
+// is closed (the subscription has ended: every message is settled, every
+// ack written or given up) a renewal under way is cancelled and no further
+// chunk is sent: on a database that does not answer, each chunk would
+// otherwise keep Close waiting for a statement's bound.
 func (sub *subscription) extendLoop(stop <-chan struct{}) {
+	ended, end := context.WithCancel(context.Background())
+	defer end()
+	go func() {
+		select {
+		case <-stop:
+			end()
+		case <-ended.Done():
+		}
+	}()
 	ticker := time.NewTicker(sub.cfg.Lease / 3)
 	defer ticker.Stop()
 	for {
@@ -1269,11 +1282,19 @@ func (sub *subscription) extendLoop(stop <-chan struct{}) {
 		sub.mu.Unlock()
 		slices.SortFunc(rs, func(a, b Receipt) int { return cmp.Compare(a.ID, b.ID) })
 		for start := 0; start < len(rs); start += extendChunk {
+			if ended.Err() != nil {
+				return
+			}
 			chunk := rs[start:min(start+extendChunk, len(rs))]
 			ctx, cancel := sub.opCtx()
+			unstop := context.AfterFunc(ended, cancel)
 			_, stale, err := sub.store.ExtendBatch(ctx, chunk, sub.cfg.Lease)
+			unstop()
 			cancel()
 			if err != nil {
+				if ended.Err() != nil {
+					return // cancelled by the end, not a failure
+				}
 				sub.logger.Error("Could not extend leases", err, watermill.LogFields{"events": len(chunk)})
 				continue
 			}
