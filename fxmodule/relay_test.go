@@ -2,7 +2,9 @@ package fxmodule_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -110,5 +112,106 @@ func TestRelayModuleRefusesBadConfiguration(t *testing.T) {
 	)
 	if err := app.Err(); !errors.Is(err, relay.ErrStreamNotFound) {
 		t.Fatalf("app error %v, want ErrStreamNotFound", err)
+	}
+}
+
+// TestRelayModuleRegistersItsGroupBeforeLaterHooksStart: the hooks of
+// constructors invoked after the modules (an HTTP server taking orders)
+// start only once the relay's consumer group is registered, as the bus's
+// groups are. An event enqueued by such a hook is relayed; a relay that
+// registered its group in the background, after its OnStart returned,
+// left it to the default group, never published.
+func TestRelayModuleRegistersItsGroupBeforeLaterHooksStart(t *testing.T) {
+	db := testdb.New(t, "postgres")
+	db.Store(t) // migrated
+	_, js := testnats.Connect(t)
+	prefix := testnats.UniqueName("fxreg")
+	testnats.Stream(t, js, strings.ToUpper(prefix), 2*time.Minute, prefix+".>")
+
+	// Registrations wait behind this lock while the application starts:
+	// whatever registers in the background has not registered yet when
+	// the later hooks run. A registration made by the relay's OnStart
+	// holds the start back until the lock goes.
+	ctx := context.Background()
+	lock, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Rollback(ctx) }()
+	if _, err := lock.Exec(ctx, "LOCK TABLE millpond_subscriptions IN SHARE ROW EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+
+	type seen struct {
+		groups []string
+		err    error
+	}
+	atAppStart := make(chan seen, 1)
+	var r *relay.JetStream
+	app := fx.New(
+		fx.Supply(zap.NewNop()),
+		fx.Supply(fxmodule.Config{DatabaseURL: db.URL}),
+		fx.Supply(fxmodule.RelayConfig{NATSURL: testnats.URL(), JetStream: relay.JetStreamConfig{
+			Config: relay.Config{Streams: []string{"orders"}}, SubjectPrefix: prefix}}),
+		fxmodule.Module,
+		fxmodule.RelayModule,
+		fx.Populate(&r),
+		// The application: takes an order as soon as it starts.
+		fx.Invoke(func(lc fx.Lifecycle, store *outbox.Store) {
+			lc.Append(fx.Hook{OnStart: func(ctx context.Context) error {
+				var s seen
+				regs, err := store.RegisteredGroups(ctx, "orders")
+				for _, g := range regs {
+					s.groups = append(s.groups, g.Group)
+				}
+				if err == nil {
+					err = store.InTx(ctx, nil, func(ctx context.Context, tx *sql.Tx) error {
+						_, err := store.Enqueue(ctx, outbox.SQLTx(tx), outbox.Event{Stream: "orders", Key: "o-1", Kind: "OrderPlaced", Payload: []byte(`{}`)})
+						return err
+					})
+				}
+				s.err = err
+				atAppStart <- s
+				return err
+			}})
+		}),
+		fx.NopLogger,
+	)
+	if err := app.Err(); err != nil {
+		t.Fatal(err)
+	}
+	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	started := make(chan error, 1)
+	go func() { started <- app.Start(startCtx) }()
+	var s seen
+	ran := false
+	select {
+	case s = <-atAppStart:
+		ran = true
+	case <-time.After(time.Second):
+	}
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-started; err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = app.Stop(context.Background()) }()
+	if !ran {
+		s = <-atAppStart
+	}
+	if s.err != nil {
+		t.Fatal(s.err)
+	}
+	if !slices.Contains(s.groups, relay.DefaultGroup) {
+		t.Errorf("when the application's hooks started, the groups of orders were %q: the relay's group %q was not registered yet", s.groups, relay.DefaultGroup)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for r.Stats().Published+r.Stats().Duplicates == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the order enqueued as the application started was not relayed in 10 s")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
