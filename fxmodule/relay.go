@@ -69,7 +69,9 @@ var ErrNoNATSURL = errors.New("fxmodule: RelayConfig.NATSURL is empty; name the 
 //	fxmodule.RelayModule,
 //
 // It connects and checks the configuration on construction (a bad one
-// fails the app's start), relays from OnStart, and on OnStop lets the
+// fails the app's start), registers the relay's consumer group in its
+// OnStart hook (before the hooks of constructors invoked after it, which
+// may enqueue at once) and relays from then on, and on OnStop lets the
 // publishes in flight be confirmed before it closes its NATS connection.
 // It provides the *relay.JetStream, for its Stats. Its metrics go to the
 // application's metric.MeterProvider when the graph holds one.
@@ -116,7 +118,15 @@ func newRelay(p relayParams) (*relay.JetStream, error) {
 	runCtx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	p.Lifecycle.Append(fx.Hook{
-		OnStart: func(context.Context) error {
+		OnStart: func(ctx context.Context) error {
+			// The group is registered before the hooks that follow start
+			// (an HTTP server taking orders), as the bus's are: an event
+			// enqueued before it would never be relayed. fx runs no
+			// OnStop of a hook whose OnStart failed: close nc here.
+			if err := r.RegisterGroups(ctx); err != nil {
+				nc.Close()
+				return fmt.Errorf("fxmodule: %w", err)
+			}
 			go func() { done <- r.Run(runCtx) }()
 			return nil
 		},

@@ -44,9 +44,8 @@ func TestRelayModule(t *testing.T) {
 	)
 	app.RequireStart()
 	defer app.RequireStop()
-	// The relay's group registers when Run starts, just after start; an
-	// event enqueued before that goes to the default group only, and
-	// enqueuing its key again would change nothing.
+	// The relay's group is registered by the time start returns (see
+	// TestRelayModuleRegistersItsGroupBeforeLaterHooksStart).
 	ctx := context.Background()
 	deadline := time.Now().Add(10 * time.Second)
 	for {

@@ -248,6 +248,12 @@ func (r *JetStream) DuplicateWindow() time.Duration { return r.window }
 // Stats counts what the relay did since it started.
 func (r *JetStream) Stats() Stats { return r.stats.snapshot() }
 
+// RegisterGroups checks the schema and registers the relay's consumer
+// group for every stream, as Run does when it starts. Call it before
+// producers start when Run starts in the background: events enqueued
+// before the group is registered are not relayed.
+func (r *JetStream) RegisterGroups(ctx context.Context) error { return r.run.register(ctx) }
+
 // Run relays until ctx ends, then stops gracefully: no more claims;
 // publishes in flight are confirmed and acknowledged, for at most
 // CloseTimeout (unconfirmed events are retried later, and dropped as

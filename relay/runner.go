@@ -327,13 +327,9 @@ type result struct {
 	reason string
 }
 
-// run relays until ctx ends, then stops gracefully: events claimed but not
-// yet published are released, publishes in flight are confirmed and
-// acknowledged (up to CloseTimeout).
-func (r *runner) run(ctx context.Context) error {
-	if !r.running.CompareAndSwap(false, true) {
-		return fmt.Errorf("%w: Run called twice", ErrInvalidConfig)
-	}
+// register checks the schema and registers the relay's group for every
+// stream (idempotent).
+func (r *runner) register(ctx context.Context) error {
 	if err := r.store.CheckSchema(ctx); err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
@@ -341,6 +337,19 @@ func (r *runner) run(ctx context.Context) error {
 		if err := r.store.RegisterGroup(ctx, stream, r.cfg.Group, r.cfg.Kinds...); err != nil {
 			return fmt.Errorf("relay: register the consumer group: %w", err)
 		}
+	}
+	return nil
+}
+
+// run relays until ctx ends, then stops gracefully: events claimed but not
+// yet published are released, publishes in flight are confirmed and
+// acknowledged (up to CloseTimeout).
+func (r *runner) run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return fmt.Errorf("%w: Run called twice", ErrInvalidConfig)
+	}
+	if err := r.register(ctx); err != nil {
+		return err
 	}
 	ps := make([]*pipeline, len(r.cfg.Streams))
 	for i, stream := range r.cfg.Streams {
