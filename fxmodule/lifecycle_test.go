@@ -2,6 +2,7 @@ package fxmodule_test
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 	"testing"
 	"time"
@@ -9,7 +10,9 @@ import (
 	"go.uber.org/fx"
 	"go.uber.org/zap"
 
+	"github.com/millpond/millpond/bus"
 	"github.com/millpond/millpond/fxmodule"
+	"github.com/millpond/millpond/handlers"
 	"github.com/millpond/millpond/internal/testdb"
 )
 
@@ -68,5 +71,44 @@ func TestFailedAutoMigrateClosesTheStore(t *testing.T) {
 	}
 	if n := connections(t, db, app); n != 0 {
 		t.Fatalf("%d connection(s) of the module's store still open 5 s after its start failed: the store was never closed", n)
+	}
+}
+
+// TestFailedConstructionClosesTheStore: a Config.Bus or a set of handlers
+// that bus.New refuses fails fx.New after the store has opened its pool
+// and its PostgreSQL listener. fx runs no hook of an app that failed to
+// build, so nothing else could ever close that store.
+func TestFailedConstructionClosesTheStore(t *testing.T) {
+	db := testdb.New(t, "postgres")
+	db.Store(t) // migrated
+	dup := func() handlers.Handler {
+		return handlers.New("same-name", "orders", "OrderPlaced", func(context.Context, orderPlaced, handlers.Meta) error { return nil })
+	}
+	for i, c := range []struct {
+		name string
+		opts []fx.Option
+	}{
+		{"negative bus CloseTimeout", []fx.Option{fx.Supply(fxmodule.Config{Bus: bus.Config{CloseTimeout: -time.Second}})}},
+		{"two handlers of one name", []fx.Option{fx.Supply(fxmodule.Config{}),
+			fx.Provide(fxmodule.AsHandler(dup)), fx.Provide(fx.Annotate(dup, fx.ResultTags(`group:"`+fxmodule.HandlerGroup+`"`)))}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			app := fmt.Sprintf("%s_fx%d", db.Name, i)
+			opts := append([]fx.Option{fx.Supply(zap.NewNop()), fxmodule.Module, fx.NopLogger,
+				fx.Decorate(func(cfg fxmodule.Config) fxmodule.Config { cfg.DatabaseURL = appURL(t, db, app); return cfg })}, c.opts...)
+			a := fx.New(opts...)
+			if err := a.Err(); err == nil {
+				t.Fatal("fx.New succeeded; the test needs a configuration the bus refuses")
+			} else {
+				t.Logf("fx.New failed as intended: %v", err)
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for connections(t, db, app) != 0 && time.Now().Before(deadline) {
+				time.Sleep(50 * time.Millisecond)
+			}
+			if n := connections(t, db, app); n != 0 {
+				t.Fatalf("%d connection(s) of the module's store still open 5 s after fx.New failed: the store was never closed", n)
+			}
+		})
 	}
 }
