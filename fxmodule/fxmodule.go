@@ -230,6 +230,9 @@ func newBus(p busParams) (*bus.Bus, error) {
 	}
 	b, err := bus.New(p.Store, cfg, p.Handlers...)
 	if err != nil {
+		// fx.New fails: no hook of the app ever runs, so the store the
+		// module opened (its pool, its listener) closes here or never.
+		_ = p.Store.Close()
 		return nil, fmt.Errorf("fxmodule: %w", err)
 	}
 	p.Lifecycle.Append(fx.StartStopHook(b.Start, b.Stop))
