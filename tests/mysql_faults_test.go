@@ -103,7 +103,7 @@ func killRound(t *testing.T, e *env, admin *sql.DB, stream string, ordered bool)
 	e.enqueueAll(evs...)
 	logs := &countingLogger{errors: map[string]int{}}
 	sub, err := outbox.NewSubscriber(e.s, outbox.SubscriberConfig{
-		MaxInFlight: 16, BatchSize: 200, Lease: 5 * time.Second, PollInterval: 10 * time.Millisecond, Logger: logs,
+		MaxInFlight: 16, BatchSize: 200, Lease: 3 * time.Second, PollInterval: 10 * time.Millisecond, Logger: logs,
 	})
 	if err != nil {
 		t.Fatal(err)

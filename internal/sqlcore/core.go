@@ -629,11 +629,18 @@ func (c *Core) acknowledge(ctx context.Context, rs []Receipt, hand *ClaimRequest
 		}
 	}
 	if c.dialect == MySQL {
+		// What the transaction handed over is the caller's only once it
+		// committed: a commit that failed (a killed connection) left those
+		// events claimable, and a claim would deliver them a second time.
+		var handed []Claimed
 		err = c.inTxRetry(ctx, "acknowledge", &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
 			var err error
-			settled, next, err = c.ackMySQL(ctx, tx, rs, hand)
+			settled, handed, err = c.ackMySQL(ctx, tx, rs, hand)
 			return err
 		})
+		if err == nil {
+			next = handed
+		}
 	} else {
 		// Events without an ordering key are acknowledged in one statement,
 		// as before ordering keys existed. On PostgreSQL that statement
@@ -664,9 +671,10 @@ func (c *Core) acknowledge(ctx context.Context, rs []Receipt, hand *ClaimRequest
 				more = handed
 				return nil
 			})
-			if hand != nil && len(more) > 0 {
-				// What the first statement handed over was committed:
-				// keep it whatever this transaction did.
+			if err == nil && hand != nil && len(more) > 0 {
+				// What the first statement handed over was committed and
+				// is kept whatever this transaction did; what this one
+				// handed over only if it committed.
 				next = append(next, more...)
 			}
 		}
