@@ -393,6 +393,9 @@ func (b *Bus) Stop(ctx context.Context) error {
 	case <-done:
 		// The router stopped already (a Start that failed, or a run that
 		// ended): closing it would wait for handlers it never ran.
+		if err := b.waitHandlers(ctx); err != nil {
+			return fmt.Errorf("bus: stop: %w", err)
+		}
 		if b.runErr != nil && !reported {
 			return fmt.Errorf("bus: stop: %w", b.runErr)
 		}
@@ -411,6 +414,9 @@ func (b *Bus) Stop(ctx context.Context) error {
 	}
 	select {
 	case <-done:
+		if err := b.waitHandlers(ctx); err != nil {
+			return fmt.Errorf("bus: stop: %w", err)
+		}
 		if b.runErr != nil {
 			return fmt.Errorf("bus: stop: %w", b.runErr)
 		}
@@ -418,4 +424,26 @@ func (b *Bus) Stop(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("bus: stop: %w", ctx.Err())
 	}
+}
+
+// waitHandlers waits, once the router's Run has returned, until the
+// goroutine of every handler the router ran has ended. Watermill's Run
+// returns as soon as the handlers are done with their messages, while
+// their goroutines still log their last lines (through the bus's logger):
+// without this wait Stop would return with the bus still calling the
+// logger, which a caller may be closing, flushing or reading by then.
+func (b *Bus) waitHandlers(ctx context.Context) error {
+	for _, h := range b.routed {
+		select {
+		case <-h.Started():
+		default:
+			continue // never ran: it has no goroutine
+		}
+		select {
+		case <-h.Stopped():
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
