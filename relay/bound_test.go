@@ -148,9 +148,12 @@ func TestOrderedEventsBelowClaimBound(t *testing.T) {
 // relay still works through the backlog above its claim bound, not at its
 // end.
 func TestExpiredLeaseBelowClaimBound(t *testing.T) {
-	pub := &pacedPublisher{pace: 2 * time.Millisecond, stall: "first", stalling: make(chan struct{}), stalled: make(chan struct{})}
+	// Publish clears pub.stalling under its lock: wait on the channel
+	// itself, not on the field.
+	stalling := make(chan struct{})
+	pub := &pacedPublisher{pace: 2 * time.Millisecond, stall: "first", stalling: stalling, stalled: make(chan struct{})}
 	expire := func(db *testdb.Database) {
-		<-pub.stalling
+		<-stalling
 		db.Exec(t, "UPDATE millpond_deliveries SET available_at = 0 WHERE event_id = (SELECT id FROM millpond_events WHERE event_key = 'first')")
 		// The first publish ends once the event was published again.
 		for deadline := time.Now().Add(10 * time.Second); pub.position("first") < 0 && time.Now().Before(deadline); {
