@@ -111,9 +111,15 @@ func (b *Bus) Health(ctx context.Context, opts HealthOptions) Health {
 		fail("the bus has not started")
 	}
 	h.Subscribers = len(b.routed)
-	for _, r := range b.routed {
-		if isClosed(r.Started()) && !isClosed(r.Stopped()) {
-			h.SubscribersRunning++
+	// Watermill sets a handler's Stopped channel just after it closes its
+	// Started one, and closes the router's Running channel once every
+	// handler has both: only then may Stopped be read (a Health racing
+	// with Start would read the field while the router writes it).
+	if b.router.IsRunning() {
+		for _, r := range b.routed {
+			if isClosed(r.Started()) && !isClosed(r.Stopped()) {
+				h.SubscribersRunning++
+			}
 		}
 	}
 	if h.SubscribersRunning < h.Subscribers && h.Router == "running" {
