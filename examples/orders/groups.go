@@ -139,9 +139,13 @@ func (h *readiness) Health(ctx context.Context) bus.Health {
 		}
 	}
 	report.Subscribers += len(h.groups.routed)
-	for _, r := range h.groups.routed {
-		if closed(r.Started()) && !closed(r.Stopped()) {
-			report.SubscribersRunning++
+	// A handler's Stopped channel is set after its Started one closes:
+	// read it only once the router runs (as bus.Health does).
+	if h.bus.Router().IsRunning() {
+		for _, r := range h.groups.routed {
+			if closed(r.Started()) && !closed(r.Stopped()) {
+				report.SubscribersRunning++
+			}
 		}
 	}
 	if report.SubscribersRunning < report.Subscribers && report.Router == "running" {
