@@ -56,14 +56,15 @@ type statsCache struct {
 // when it was read: Stats runs at most once per stats interval (see
 // WithStatsInterval), however many callers ask, and a failed read is
 // returned (and not retried) until the interval passes too, unless it
-// failed because ctx ended: that error goes to this caller only. Use it for
+// failed because ctx ended: that error goes to this caller only. Each
+// caller gets its own copy of the slice, free to sort or change. Use it for
 // dashboards and readiness probes; use Stats for a fresh count.
 func (s *Store) CachedStats(ctx context.Context) ([]StreamStats, time.Time, error) {
 	c := &s.statsCache
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.interval > 0 && !c.at.IsZero() && time.Since(c.at) < c.interval {
-		return c.stats, c.at, c.err
+		return slices.Clone(c.stats), c.at, c.err
 	}
 	start := time.Now()
 	stats, err := s.Stats(ctx)
@@ -76,7 +77,7 @@ func (s *Store) CachedStats(ctx context.Context) ([]StreamStats, time.Time, erro
 		return nil, time.Time{}, err
 	}
 	c.at, c.stats, c.err = time.Now(), stats, err
-	return stats, c.at, err
+	return slices.Clone(stats), c.at, err
 }
 
 // noteGroup makes the gauges report a (stream, group) even while it has no
@@ -116,7 +117,6 @@ func (s *Store) observeStats(ctx context.Context, o metric.Observer) error {
 			c.seen[k] = true
 		}
 	}
-	stats = slices.Clone(stats) // the cached slice is shared
 	for k := range c.seen {
 		if !present[k] {
 			stats = append(stats, StreamStats{Stream: k[0], Group: k[1]})

@@ -45,3 +45,35 @@ func TestCachedStatsIgnoresACallerThatGaveUp(t *testing.T) {
 		t.Fatalf("backlog gauge after a caller gave up: %v (reported %v), want 1", v, ok)
 	}
 }
+
+// TestCachedStatsCallersGetTheirOwnCopy: a caller that changes the slice
+// CachedStats returned (sorting it, zeroing a count) changes neither what
+// the next caller gets nor what the gauges report.
+func TestCachedStatsCallersGetTheirOwnCopy(t *testing.T) {
+	db := testdb.New(t, "postgres")
+	store := db.Store(t, outbox.WithStatsInterval(time.Hour))
+	ctx := context.Background()
+	for _, stream := range []string{"a", "b"} {
+		tx, commit, _ := db.Begin(t)
+		if _, err := store.Enqueue(ctx, tx, outbox.Event{Stream: stream, Key: "k", Kind: "K", Payload: []byte("{}")}); err != nil {
+			t.Fatal(err)
+		}
+		if err := commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The first call reads the database, the others the cached snapshot:
+	// each one's result is changed before the next call.
+	for call := range 3 {
+		got, _, err := store.CachedStats(ctx)
+		if err != nil || len(got) != 2 {
+			t.Fatalf("CachedStats call %d: %v, %v", call, got, err)
+		}
+		for _, st := range got {
+			if st.Stream == "changed" || st.Pending != 1 {
+				t.Errorf("call %d: a caller's change reached the next caller: %+v", call, st)
+			}
+		}
+		got[0].Pending, got[0].Stream = 99, "changed"
+	}
+}
