@@ -75,6 +75,14 @@ var ErrNoNATSURL = errors.New("fxmodule: RelayConfig.NATSURL is empty; name the 
 // publishes in flight be confirmed before it closes its NATS connection.
 // It provides the *relay.JetStream, for its Stats. Its metrics go to the
 // application's metric.MeterProvider when the graph holds one.
+//
+// Stopping waits for unconfirmed publishes up to JetStream.CloseTimeout
+// (default 8 s), and the bus of Module for running handlers up to its own
+// (default 13 s): each fits fx's default 15 s stop timeout, but when NATS
+// and a handler both hang their sum does not, and fx then skips the later
+// OnStop hooks (the store's Close among them). Nothing is lost (what was
+// not acknowledged is delivered again), but to let every hook run, give
+// the app fx.StopTimeout(25 * time.Second) or lower the close timeouts.
 var RelayModule = fx.Module("millpond.relay",
 	fx.Provide(newRelay),
 	fx.Invoke(func(*relay.JetStream) {}),
