@@ -492,8 +492,9 @@ func textTime(t time.Time) string {
 const statsUsage = `Usage: millpond stats [-json] [-db URL]
 
 Count pending, processing and dead-lettered events per stream and consumer group,
-the events blocked behind an earlier event of their ordering key, and the ordering
-keys held by a dead-lettered event (requeue it to unblock its key).
+the events blocked behind an earlier event of their ordering key, the ordering
+keys held by a dead-lettered event (requeue it to unblock its key), and the pending
+events that failed at least once (RETRYING, included in PENDING).
 
 With -json, a JSON array with one object per stream and group:
   stream                  the stream
@@ -550,13 +551,13 @@ func cmdStats(e *env, args []string) error {
 		return writeJSON(e.stdout, out)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "STREAM\tGROUP\tPENDING\tPROCESSING\tDEAD\tOLDEST_PENDING_AGE\tBLOCKED\tHELD_KEYS")
+	fmt.Fprintln(tw, "STREAM\tGROUP\tPENDING\tPROCESSING\tDEAD\tOLDEST_PENDING_AGE\tBLOCKED\tHELD_KEYS\tRETRYING")
 	for _, st := range stats {
 		age := "-"
 		if st.OldestPendingAge > 0 {
 			age = st.OldestPendingAge.Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%d\t%d\n", st.Stream, groupName(st.Group), st.Pending, st.Processing, st.Dead, age, st.Blocked, st.HeldKeys)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%d\t%d\t%d\n", st.Stream, groupName(st.Group), st.Pending, st.Processing, st.Dead, age, st.Blocked, st.HeldKeys, st.Retrying)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write stats: %w", err)

@@ -105,8 +105,8 @@ func TestAdminCommand(t *testing.T) {
 			if code != 0 {
 				t.Fatalf("stats: code %d", code)
 			}
-			if got := row(t, stdout, "orders", "(default)"); len(got) != 8 || got[2] != "0" || got[3] != "0" || got[4] != "1" || got[6] != "0" || got[7] != "0" {
-				t.Fatalf("stats row %q: want 0 pending, 0 processing, 1 dead, 0 blocked, 0 held keys", got)
+			if got := row(t, stdout, "orders", "(default)"); len(got) != 9 || got[2] != "0" || got[3] != "0" || got[4] != "1" || got[6] != "0" || got[7] != "0" || got[8] != "0" {
+				t.Fatalf("stats row %q: want 0 pending, 0 processing, 1 dead, 0 blocked, 0 held keys, 0 retrying", got)
 			}
 			if !strings.Contains(stdout, "BLOCKED") || !strings.Contains(stdout, "HELD_KEYS") {
 				t.Fatalf("stats header lacks the ordering columns: %q", stdout)
@@ -309,5 +309,39 @@ func TestRelayNeverPrintsPasswords(t *testing.T) {
 		"-stream", "orders", "-subject-prefix", "events")
 	if out := stdout + stderr; code == exitOK || strings.Contains(out, raw) || !strings.Contains(out, "does not parse") {
 		t.Errorf("unparseable NATS URL: exit %d, output:\n%s", code, out)
+	}
+}
+
+// TestStatsShowsRetrying: the stats table has the RETRYING column that
+// -json has as retrying: pending events that failed at least once.
+func TestStatsShowsRetrying(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.New(t, "sqlite")
+	store := db.Store(t)
+	tx, commit, _ := db.Begin(t)
+	for _, k := range []string{"a", "b"} {
+		if _, err := store.Enqueue(ctx, tx, outbox.Event{Stream: "s", Key: k, Kind: "K", Payload: []byte("{}")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := commit(); err != nil {
+		t.Fatal(err)
+	}
+	cs, err := store.Claim(ctx, outbox.ClaimRequest{Stream: "s", Worker: "w", Limit: 1, Lease: time.Minute, MaxAttempts: 3})
+	if err != nil || len(cs) != 1 {
+		t.Fatalf("claim: %d, %v", len(cs), err)
+	}
+	if _, err := store.Fail(ctx, cs[0].Receipt(), outbox.Failure{Reason: "later", MaxAttempts: 3, RetryDelay: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, _ := cli(t, nil, "-db", db.URL, "stats")
+	if code != 0 {
+		t.Fatalf("stats: code %d", code)
+	}
+	if !strings.Contains(stdout, "RETRYING") {
+		t.Fatalf("stats header lacks RETRYING: %q", stdout)
+	}
+	if got := row(t, stdout, "s", "(default)"); len(got) != 9 || got[2] != "2" || got[8] != "1" {
+		t.Fatalf("stats row %q: want 2 pending, 1 of them retrying", got)
 	}
 }
