@@ -223,8 +223,11 @@ type Subscriber struct {
 	closed  bool
 	closing chan struct{}
 	subs    sync.WaitGroup
-	// active holds the running subscriptions, for FailingSince.
-	active map[*subscription]struct{}
+	// active holds the running subscriptions, for FailingSince. It has
+	// its own lock: Subscribe holds mu while it waits for the database,
+	// and a readiness probe must not wait for that.
+	activeMu sync.Mutex
+	active   map[*subscription]struct{}
 }
 
 // NewSubscriber returns a Subscriber over the store.
@@ -279,14 +282,16 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		}
 	}
 	sub := newSubscription(ctx, s, topic)
+	s.activeMu.Lock()
 	s.active[sub] = struct{}{}
+	s.activeMu.Unlock()
 	s.subs.Add(1)
 	go func() {
 		defer s.subs.Done()
 		sub.run()
-		s.mu.Lock()
+		s.activeMu.Lock()
 		delete(s.active, sub)
-		s.mu.Unlock()
+		s.activeMu.Unlock()
 	}()
 	return sub.out, nil
 }
@@ -318,8 +323,8 @@ func (s *Subscriber) Close() error {
 // write is logged and its events delivered again; it is not counted
 // here.) bus.Health uses it for readiness.
 func (s *Subscriber) FailingSince() (time.Time, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.activeMu.Lock()
+	defer s.activeMu.Unlock()
 	var since int64
 	for sub := range s.active {
 		if t := sub.claimFailing.Load(); t != 0 && (since == 0 || t < since) {

@@ -206,3 +206,48 @@ func TestReadinessWhenClaimsFail(t *testing.T) {
 		})
 	}
 }
+
+// A readiness probe must not wait for a Subscribe that waits for the
+// database: Subscribe holds the subscriber's lock while it checks the
+// schema and registers its group, and FailingSince (which bus.Health calls
+// for every subscriber, without a context) must answer meanwhile.
+func TestFailingSinceDoesNotWaitForSubscribe(t *testing.T) {
+	db := testdb.New(t, "postgres")
+	store := db.Store(t)
+	ctx := context.Background()
+	sub, err := outbox.NewSubscriber(store, outbox.SubscriberConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	lock, err := store.SQLDB().BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Rollback()
+	if _, err := lock.ExecContext(ctx, "LOCK TABLE millpond_subscriptions IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	subCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	subscribed := make(chan struct{})
+	go func() {
+		defer close(subscribed)
+		_, _ = sub.Subscribe(subCtx, "waiting")
+	}()
+	time.Sleep(300 * time.Millisecond) // Subscribe waits for the lock
+	answered := make(chan struct{})
+	go func() {
+		defer close(answered)
+		sub.FailingSince()
+	}()
+	select {
+	case <-answered:
+	case <-time.After(3 * time.Second):
+		t.Error("FailingSince waits for a Subscribe that waits for the database")
+	}
+	_ = lock.Rollback()
+	cancel()
+	<-subscribed
+	<-answered
+}
