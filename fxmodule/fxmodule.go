@@ -25,9 +25,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"strconv"
 	"strings"
 	"time"
 
@@ -88,11 +86,10 @@ func (c Config) GoString() string { return c.String() }
 // Format writes String for every verb (%q quotes it), so that no verb (%s
 // or %x of the fields) prints the password.
 func (c Config) Format(f fmt.State, verb rune) {
-	s := c.String()
-	if verb == 'q' {
-		s = strconv.Quote(s)
+	if verb != 'q' {
+		verb = 's' // width, precision and flags apply as to String's result
 	}
-	_, _ = io.WriteString(f, s)
+	_, _ = fmt.Fprintf(f, fmt.FormatString(f, verb), c.String())
 }
 
 // LogValue is String, for log/slog (whose JSON handler would otherwise

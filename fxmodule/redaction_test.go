@@ -26,7 +26,7 @@ func TestConfigsNeverShowTheirPasswords(t *testing.T) {
 	}
 	for name, v := range values {
 		var outputs []string
-		for _, verb := range []string{"%v", "%+v", "%#v", "%s", "%d", "%x", "%X", "%q", "%10.4v", "%t"} {
+		for _, verb := range []string{"%v", "%+v", "%#v", "%s", "%d", "%x", "%X", "%q", "%-10v", "%10.4v", "%t"} {
 			outputs = append(outputs, fmt.Sprintf(verb, v))
 		}
 		outputs = append(outputs, fmt.Sprint(v), fmt.Sprintf("%v", []any{v}))
@@ -52,9 +52,23 @@ func TestConfigsNeverShowTheirPasswords(t *testing.T) {
 			if strings.Contains(out, "SECRET") {
 				t.Errorf("%s: output %d shows a password: %s", name, i, out)
 			}
-			if !strings.Contains(out, "internal") {
+			if i != 9 && !strings.Contains(out, "internal") { // 9: %10.4v cuts at 4
 				t.Errorf("%s: output %d hides the host too: %s", name, i, out)
 			}
+		}
+	}
+}
+
+// TestConfigFormatKeepsWidth: Format keeps the width and precision that fmt
+// applied to String's result (%-20.8v of a Config in a table column).
+func TestConfigFormatKeepsWidth(t *testing.T) {
+	c, r := fxmodule.Config{DatabaseURL: "sqlite:x.db"}, fxmodule.RelayConfig{NATSURL: "nats://h:4222"}
+	for _, got := range []struct{ got, want string }{
+		{fmt.Sprintf("%-20.8v|", c), fmt.Sprintf("%-20.8s|", c.String())},
+		{fmt.Sprintf("%-20.8v|", r), fmt.Sprintf("%-20.8s|", r.String())},
+	} {
+		if got.got != got.want {
+			t.Errorf("%q, want %q", got.got, got.want)
 		}
 	}
 }

@@ -36,3 +36,21 @@ func TestNoFormatVerbPrintsSecrets(t *testing.T) {
 		}
 	}
 }
+
+// TestFormatKeepsWidthAndPrecision: Format replaced the padding and
+// truncation that fmt applies to String's result: %-30v of a Receipt in a
+// table row lost its column, as %.10v its cut.
+func TestFormatKeepsWidthAndPrecision(t *testing.T) {
+	r := outbox.Receipt{ID: 7, ClaimKey: "claim"}
+	s := r.String()
+	for verb, want := range map[string]string{
+		"%-60v|": fmt.Sprintf("%-60s|", s),
+		"%60v|":  fmt.Sprintf("%60s|", s),
+		"%.7v|":  fmt.Sprintf("%.7s|", s),
+		"%-60q|": fmt.Sprintf("%-60q|", s),
+	} {
+		if got := fmt.Sprintf(verb, r); got != want {
+			t.Errorf("%s: %q, want %q", verb, got, want)
+		}
+	}
+}

@@ -3,9 +3,7 @@ package sqlcore
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
-	"strconv"
 	"time"
 )
 
@@ -391,10 +389,17 @@ type StreamStats struct {
 
 // formatRedacted writes s, a redacted description, for any fmt verb: %d,
 // %x or %s of a struct would otherwise print its fields one by one, secrets
-// included, past String and GoString. %q quotes s.
+// included, past String and GoString. %q quotes s; width, precision and
+// flags apply to s as they did to String's result.
 func formatRedacted(f fmt.State, verb rune, s string) {
-	if verb == 'q' {
-		s = strconv.Quote(s)
+	FormatText(f, verb, s)
+}
+
+// FormatText writes s for a Format method: as %q when verb is 'q', as %s
+// otherwise, with the directive's width, precision and flags.
+func FormatText(f fmt.State, verb rune, s string) {
+	if verb != 'q' {
+		verb = 's'
 	}
-	_, _ = io.WriteString(f, s)
+	_, _ = fmt.Fprintf(f, fmt.FormatString(f, verb), s)
 }
