@@ -11,12 +11,14 @@ import (
 	"fmt"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 )
 
 // Line returns s with every control character (newlines and tabs
 // included), format character (bidirectional controls, zero-width
 // characters) and line or paragraph separator written as a \uXXXX escape,
-// for one line of a table or a page. Other text is unchanged.
+// for one line of a table or a page, and every byte that is not UTF-8 as
+// \xNN. Other text is unchanged.
 func Line(s string) string { return escape(s, false) }
 
 // Block is Line for text of several lines, such as a pretty-printed
@@ -31,16 +33,21 @@ func unsafe(r rune, block bool) bool {
 }
 
 func escape(s string, block bool) string {
-	if strings.IndexFunc(s, func(r rune) bool { return unsafe(r, block) }) < 0 {
+	if utf8.ValidString(s) && strings.IndexFunc(s, func(r rune) bool { return unsafe(r, block) }) < 0 {
 		return s
 	}
 	var b strings.Builder
-	for _, r := range s {
-		if unsafe(r, block) {
+	for i, r := range s {
+		switch {
+		case r == utf8.RuneError && !strings.HasPrefix(s[i:], "\uFFFD"):
+			// A byte that is not UTF-8 (such as 0x9B, a control sequence
+			// to a terminal reading Latin-1).
+			fmt.Fprintf(&b, `\x%02X`, s[i])
+		case unsafe(r, block):
 			fmt.Fprintf(&b, `\u%04X`, r)
-			continue
+		default:
+			b.WriteRune(r)
 		}
-		b.WriteRune(r)
 	}
 	return b.String()
 }

@@ -10,6 +10,8 @@ func TestEscapes(t *testing.T) {
 		{"zero\u200Bwidth\uFEFF", `zero\u200Bwidth\uFEFF`, `zero\u200Bwidth\uFEFF`},
 		{"two\nlines\tand\x1b[31mred", `two\u000Alines\u0009and\u001B[31mred`, "two\nlines\tand\\u001B[31mred"},
 		{"isolate \u2066x\u2069", `isolate \u2066x\u2069`, `isolate \u2066x\u2069`},
+		{"latin-1 \x9b[31m", `latin-1 \x9B[31m`, `latin-1 \x9B[31m`},
+		{"kept \uFFFD, cut \xe2\x80", "kept \uFFFD, cut \\xE2\\x80", "kept \uFFFD, cut \\xE2\\x80"},
 	} {
 		if got := Line(c.in); got != c.line {
 			t.Errorf("Line(%q) = %q, want %q", c.in, got, c.line)
