@@ -108,9 +108,22 @@ func TestHeldSubscriberCloseWithFrozenDatabase(t *testing.T) {
 // a subscription that has ended.
 func TestSubscriberCloseWithFrozenDatabase(t *testing.T) {
 	f := newFrozenEnv(t)
-	const n = 1000
-	enqueueMany(t, f.db, f.s, "frozen", "ev", n)
-	sub, err := outbox.NewSubscriber(f.store, outbox.SubscriberConfig{
+	closeLeasedWhileFrozen(t, f.env, f.store, f.proxy)
+}
+
+// frozenEvents is how many events closeLeasedWhileFrozen enqueues.
+const frozenEvents = 1000
+
+// closeLeasedWhileFrozen has a leased Subscriber over store (which reaches
+// e's database through proxy) claim 1,000 events, acknowledge 3 and hold
+// one more unsettled, lets a lease extension round start, freezes the proxy
+// and closes the Subscriber: Close must return within two statement bounds
+// and a margin. It returns how many of the events it acknowledged.
+func closeLeasedWhileFrozen(t *testing.T, e *env, store *outbox.Store, proxy *freezeProxy) int {
+	t.Helper()
+	const n = frozenEvents
+	enqueueMany(t, e.db, e.s, "frozen", "ev", n)
+	sub, err := outbox.NewSubscriber(store, outbox.SubscriberConfig{
 		Lease: 9 * time.Second, BatchSize: n, MaxInFlight: 4,
 		CloseTimeout: 100 * time.Millisecond, PollInterval: 10 * time.Millisecond,
 	})
@@ -121,20 +134,21 @@ func TestSubscriberCloseWithFrozenDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	held := func() int64 {
-		return f.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = ? AND status = 'processing'", "frozen")
-	}
-	waitFor(t, "the events to be claimed", func() bool { return held() >= n-100 })
-	for range 3 {
+	waitFor(t, "the events to be claimed", func() bool {
+		return e.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = ? AND status = 'processing'", "frozen") >= n-100
+	})
+	const acked = 3
+	for range acked {
 		(<-msgs).Ack()
 	}
 	<-msgs // handed out, never settled
 	// Let the extender start a round, then freeze.
 	time.Sleep(3100 * time.Millisecond)
-	f.proxy.freeze()
+	proxy.freeze()
 	took := within(t, 40*time.Second, "Subscriber.Close", func() { _ = sub.Close() })
 	t.Logf("Close took %s", took)
 	if limit := 2*5*time.Second + 3*time.Second; took > limit {
 		t.Fatalf("Close took %s while the database did not answer, want at most %s", took, limit)
 	}
+	return acked
 }

@@ -81,70 +81,13 @@ func TestSubscriberSurvivesKilledMySQLConnections(t *testing.T) {
 				rounds = 3
 			}
 			for round := range rounds {
-				killRound(t, e, admin, "kill-"+strconv.Itoa(round), ordered)
+				deliverWhileKilling(t, e, "kill-"+strconv.Itoa(round), ordered, killing{
+					every: 50 * time.Millisecond, timeout: 40 * time.Second, handle: 20 * time.Millisecond,
+					kill: func() int64 { return killMySQLConnections(admin, e.db.Name) },
+					cfg:  outbox.SubscriberConfig{Lease: 3 * time.Second, PollInterval: 10 * time.Millisecond},
+				})
 			}
 		})
-	}
-}
-
-// killRound delivers 2,000 events of stream to a Subscriber while its
-// connections are killed every 50 ms and fails the test if one is lost or
-// delivered twice though no ack write failed.
-func killRound(t *testing.T, e *env, admin *sql.DB, stream string, ordered bool) {
-	t.Helper()
-	const n = 2000
-	evs := make([]outbox.Event, n)
-	for i := range evs {
-		evs[i] = outbox.Event{Stream: stream, Key: "ev-" + strconv.Itoa(i), Kind: "K", Payload: []byte("{}")}
-		if ordered {
-			evs[i].OrderingKey = "key-" + strconv.Itoa(i%50)
-		}
-	}
-	e.enqueueAll(evs...)
-	logs := &countingLogger{errors: map[string]int{}}
-	sub, err := outbox.NewSubscriber(e.s, outbox.SubscriberConfig{
-		MaxInFlight: 16, BatchSize: 200, Lease: 3 * time.Second, PollInterval: 10 * time.Millisecond, Logger: logs,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
-	msgs, err := sub.Subscribe(context.Background(), stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	counter := countDeliveries(msgs, 16, n, 20*time.Millisecond)
-
-	var kills atomic.Int64
-	stop := make(chan struct{})
-	killed := make(chan struct{})
-	go func() {
-		defer close(killed)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-			kills.Add(killMySQLConnections(admin, e.db.Name))
-		}
-	}()
-	select {
-	case <-counter.all:
-	case <-time.After(40 * time.Second):
-	}
-	close(stop)
-	<-killed
-	seen, dups := counter.result()
-	t.Logf("%s: killed %d connections; %d of %d events seen, %d duplicates; errors logged: %v", stream, kills.Load(), len(seen), n, dups, logs.errors)
-	if len(seen) != n {
-		t.Fatalf("%d of %d events delivered", len(seen), n)
-	}
-	waitFor(t, "every event delivered", func() bool {
-		return e.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = ? AND status = 'delivered'", stream) == n
-	})
-	if dups > 0 && logs.errors["Could not record acks; the events will be delivered again after their leases expire"] == 0 {
-		t.Fatalf("%d events delivered twice though every ack was written", dups)
 	}
 }
 
@@ -178,45 +121,20 @@ func newFrozenMySQL(t *testing.T) *frozenMySQL {
 // bounds, and so does closing the store.
 func TestMySQLSubscriberCloseWithFrozenDatabase(t *testing.T) {
 	f := newFrozenMySQL(t)
-	const n = 1000
-	enqueueMany(t, f.db, f.s, "frozen", "ev", n)
-	sub, err := outbox.NewSubscriber(f.store, outbox.SubscriberConfig{
-		Lease: 9 * time.Second, BatchSize: n, MaxInFlight: 4,
-		CloseTimeout: 100 * time.Millisecond, PollInterval: 10 * time.Millisecond,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	msgs, err := sub.Subscribe(context.Background(), "frozen")
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the events to be claimed", func() bool {
-		return f.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = ? AND status = 'processing'", "frozen") >= n-100
-	})
-	for range 3 {
-		(<-msgs).Ack()
-	}
-	<-msgs // handed out, never settled
-	time.Sleep(3100 * time.Millisecond)
-	f.proxy.freeze()
-	took := within(t, 40*time.Second, "Subscriber.Close", func() { _ = sub.Close() })
-	t.Logf("Close took %s", took)
-	if limit := 2*5*time.Second + 3*time.Second; took > limit {
-		t.Fatalf("Close took %s while the database did not answer, want at most %s", took, limit)
-	}
+	const n = frozenEvents
+	acked := closeLeasedWhileFrozen(t, f.env, f.store, f.proxy)
 	within(t, 10*time.Second, "Store.Close", func() { _ = f.store.Close() })
 
 	// Thawed, every event is delivered: nothing was lost.
 	f.proxy.unfreeze()
 	f.db.Exec(t, "UPDATE millpond_deliveries SET available_at = 0 WHERE status = 'processing'")
 	_, msgs2 := subscribe(t, f.s, outbox.SubscriberConfig{MaxInFlight: 16, BatchSize: 200}, "frozen")
-	counter := countDeliveries(msgs2, 16, n-3, 0)
+	counter := countDeliveries(msgs2, 16, n-acked, 0)
 	select {
 	case <-counter.all:
 	case <-time.After(30 * time.Second):
 		seen, _ := counter.result()
-		t.Fatalf("after thawing %d of %d unacknowledged events delivered", len(seen), n-3)
+		t.Fatalf("after thawing %d of %d unacknowledged events delivered", len(seen), n-acked)
 	}
 }
 

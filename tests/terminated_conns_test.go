@@ -39,58 +39,85 @@ func TestSubscriberSurvivesTerminatedConnections(t *testing.T) {
 	for _, ordered := range []bool{false, true} {
 		t.Run("ordered="+strconv.FormatBool(ordered), func(t *testing.T) {
 			e := newEnv(t, "postgres", false)
-			const n = 2000
-			evs := make([]outbox.Event, n)
-			for i := range evs {
-				evs[i] = outbox.Event{Stream: "term", Key: "ev-" + strconv.Itoa(i), Kind: "K", Payload: []byte("{}")}
-				if ordered {
-					evs[i].OrderingKey = "key-" + strconv.Itoa(i%50)
-				}
-			}
-			e.enqueueAll(evs...)
-			logs := &countingLogger{errors: map[string]int{}}
-			_, msgs := subscribe(t, e.s, outbox.SubscriberConfig{MaxInFlight: 16, BatchSize: 200, Logger: logs}, "term")
-			counter := countDeliveries(msgs, 16, n, time.Millisecond)
-
 			admin, err := pgx.Connect(context.Background(), testdb.PostgresURL())
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer admin.Close(context.Background())
-			var kills atomic.Int64
-			stop := make(chan struct{})
-			killed := make(chan struct{})
-			go func() {
-				defer close(killed)
-				for {
-					select {
-					case <-stop:
-						return
-					case <-time.After(150 * time.Millisecond):
-					}
+			deliverWhileKilling(t, e, "term", ordered, killing{
+				every: 150 * time.Millisecond, timeout: 90 * time.Second, handle: time.Millisecond,
+				kill: func() int64 {
 					var k int64
-					if err := admin.QueryRow(context.Background(), `SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()`, e.db.Name).Scan(&k); err == nil {
-						kills.Add(k)
+					if err := admin.QueryRow(context.Background(), `SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()`, e.db.Name).Scan(&k); err != nil {
+						return 0
 					}
-				}
-			}()
-			select {
-			case <-counter.all:
-			case <-time.After(90 * time.Second):
-			}
-			close(stop)
-			<-killed
-			seen, dups := counter.result()
-			t.Logf("terminated %d connections; %d of %d events seen, %d duplicates; errors logged: %v", kills.Load(), len(seen), n, dups, logs.errors)
-			if len(seen) != n {
-				t.Fatalf("%d of %d events delivered", len(seen), n)
-			}
-			waitFor(t, "every event delivered", func() bool {
-				return e.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = ? AND status = 'delivered'", "term") == n
+					return k
+				},
 			})
-			if dups > 0 && logs.errors["Could not record acks; the events will be delivered again after their leases expire"] == 0 {
-				t.Fatalf("%d events delivered twice though every ack was written", dups)
-			}
 		})
+	}
+}
+
+// killing says how deliverWhileKilling kills: kill (which returns how many
+// connections it ended) every every, while handlers take handle each, for
+// at most timeout; cfg configures the Subscriber (its Logger is set).
+type killing struct {
+	every, timeout, handle time.Duration
+	kill                   func() int64
+	cfg                    outbox.SubscriberConfig
+}
+
+// deliverWhileKilling delivers 2,000 events of stream (with 50 ordering
+// keys when ordered) to a Subscriber of e's store while k.kill ends its
+// connections over and over, and fails the test if an event is lost, or
+// delivered twice though no ack write failed.
+func deliverWhileKilling(t *testing.T, e *env, stream string, ordered bool, k killing) {
+	t.Helper()
+	const n = 2000
+	evs := make([]outbox.Event, n)
+	for i := range evs {
+		evs[i] = outbox.Event{Stream: stream, Key: "ev-" + strconv.Itoa(i), Kind: "K", Payload: []byte("{}")}
+		if ordered {
+			evs[i].OrderingKey = "key-" + strconv.Itoa(i%50)
+		}
+	}
+	e.enqueueAll(evs...)
+	logs := &countingLogger{errors: map[string]int{}}
+	cfg := k.cfg
+	cfg.MaxInFlight, cfg.BatchSize, cfg.Logger = 16, 200, logs
+	sub, msgs := subscribe(t, e.s, cfg, stream)
+	defer sub.Close()
+	counter := countDeliveries(msgs, 16, n, k.handle)
+
+	var kills atomic.Int64
+	stop := make(chan struct{})
+	killed := make(chan struct{})
+	go func() {
+		defer close(killed)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(k.every):
+			}
+			kills.Add(k.kill())
+		}
+	}()
+	select {
+	case <-counter.all:
+	case <-time.After(k.timeout):
+	}
+	close(stop)
+	<-killed
+	seen, dups := counter.result()
+	t.Logf("%s: ended %d connections; %d of %d events seen, %d duplicates; errors logged: %v", stream, kills.Load(), len(seen), n, dups, logs.errors)
+	if len(seen) != n {
+		t.Fatalf("%d of %d events delivered", len(seen), n)
+	}
+	waitFor(t, "every event delivered", func() bool {
+		return e.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = ? AND status = 'delivered'", stream) == n
+	})
+	if dups > 0 && logs.errors["Could not record acks; the events will be delivered again after their leases expire"] == 0 {
+		t.Fatalf("%d events delivered twice though every ack was written", dups)
 	}
 }
