@@ -20,6 +20,7 @@
 package fxmodule
 
 import (
+	"github.com/millpond/millpond/internal/safetext"
 	"github.com/millpond/millpond/outbox/anydb"
 
 	"context"
@@ -85,12 +86,7 @@ func (c Config) GoString() string { return c.String() }
 
 // Format writes String for every verb (%q quotes it), so that no verb (%s
 // or %x of the fields) prints the password.
-func (c Config) Format(f fmt.State, verb rune) {
-	if verb != 'q' {
-		verb = 's' // width, precision and flags apply as to String's result
-	}
-	_, _ = fmt.Fprintf(f, fmt.FormatString(f, verb), c.String())
-}
+func (c Config) Format(f fmt.State, verb rune) { safetext.Format(f, verb, c.String()) }
 
 // LogValue is String, for log/slog (whose JSON handler would otherwise
 // print every field).

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/fx"
 	"go.uber.org/zap"
 
+	"github.com/millpond/millpond/internal/safetext"
 	"github.com/millpond/millpond/outbox"
 	"github.com/millpond/millpond/relay"
 )
@@ -43,12 +44,7 @@ func (c RelayConfig) GoString() string { return c.String() }
 
 // Format writes String for every verb (%q quotes it), so that no verb (%s
 // or %x of the fields) prints the password.
-func (c RelayConfig) Format(f fmt.State, verb rune) {
-	if verb != 'q' {
-		verb = 's' // width, precision and flags apply as to String's result
-	}
-	_, _ = fmt.Fprintf(f, fmt.FormatString(f, verb), c.String())
-}
+func (c RelayConfig) Format(f fmt.State, verb rune) { safetext.Format(f, verb, c.String()) }
 
 // LogValue is String, for log/slog (whose JSON handler would otherwise
 // print every field).

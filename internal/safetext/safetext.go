@@ -4,7 +4,8 @@
 // line separator in them would make what an operator reads differ from
 // what is stored (reordering the rest of a line or a table row, hiding
 // characters, breaking a row in two). Such characters are shown as \u
-// escapes instead.
+// escapes instead. Format, for the Format methods of types that hold
+// secrets, writes their redacted description whatever the verb.
 package safetext
 
 import (
@@ -50,4 +51,15 @@ func escape(s string, block bool) string {
 		}
 	}
 	return b.String()
+}
+
+// Format writes s, a redacted description, for a Format method of a type
+// that holds secrets: %d, %x or %s of a struct would otherwise print its
+// fields one by one, past String and GoString. Every verb writes s as %s
+// does, with the directive's width, precision and flags; %q quotes it.
+func Format(f fmt.State, verb rune, s string) {
+	if verb != 'q' {
+		verb = 's'
+	}
+	_, _ = fmt.Fprintf(f, fmt.FormatString(f, verb), s)
 }

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/millpond/millpond/internal/safetext"
 )
 
 // EventQuery selects the rows of one event for FindEvents: the row with an
@@ -81,7 +83,7 @@ func (r EventRecord) GoString() string { return r.String() }
 
 // Format writes String for every verb (%q quotes it), so that no verb
 // prints the fields one by one.
-func (r EventRecord) Format(f fmt.State, verb rune) { formatRedacted(f, verb, r.String()) }
+func (r EventRecord) Format(f fmt.State, verb rune) { safetext.Format(f, verb, r.String()) }
 
 // LogValue redacts the record for log/slog.
 func (r EventRecord) LogValue() slog.Value {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/millpond/millpond/internal/safetext"
 )
 
 // Row states.
@@ -111,7 +113,7 @@ func (e Event) GoString() string { return e.String() }
 
 // Format writes String for every verb (%q quotes it), so that no verb
 // prints the fields one by one.
-func (e Event) Format(f fmt.State, verb rune) { formatRedacted(f, verb, e.String()) }
+func (e Event) Format(f fmt.State, verb rune) { safetext.Format(f, verb, e.String()) }
 
 // LogValue redacts the event for log/slog.
 func (e Event) LogValue() slog.Value {
@@ -158,7 +160,7 @@ func (r Receipt) GoString() string { return r.String() }
 
 // Format writes String for every verb (%q quotes it), so that no verb
 // prints the fields one by one.
-func (r Receipt) Format(f fmt.State, verb rune) { formatRedacted(f, verb, r.String()) }
+func (r Receipt) Format(f fmt.State, verb rune) { safetext.Format(f, verb, r.String()) }
 
 // LogValue redacts the claim key for log/slog.
 func (r Receipt) LogValue() slog.Value {
@@ -218,7 +220,7 @@ func (c Claimed) GoString() string { return c.String() }
 
 // Format writes String for every verb (%q quotes it), so that no verb
 // prints the fields one by one.
-func (c Claimed) Format(f fmt.State, verb rune) { formatRedacted(f, verb, c.String()) }
+func (c Claimed) Format(f fmt.State, verb rune) { safetext.Format(f, verb, c.String()) }
 
 // LogValue redacts the claim for log/slog.
 func (c Claimed) LogValue() slog.Value {
@@ -347,7 +349,7 @@ func (d DeadEvent) GoString() string { return d.String() }
 
 // Format writes String for every verb (%q quotes it), so that no verb
 // prints the fields one by one.
-func (d DeadEvent) Format(f fmt.State, verb rune) { formatRedacted(f, verb, d.String()) }
+func (d DeadEvent) Format(f fmt.State, verb rune) { safetext.Format(f, verb, d.String()) }
 
 // LogValue redacts the dead event for log/slog.
 func (d DeadEvent) LogValue() slog.Value {
@@ -385,21 +387,4 @@ type StreamStats struct {
 	// HeldKeys counts ordering keys held by a dead-lettered event (under
 	// DeadLetterHold): their later events wait until it is requeued.
 	HeldKeys int64
-}
-
-// formatRedacted writes s, a redacted description, for any fmt verb: %d,
-// %x or %s of a struct would otherwise print its fields one by one, secrets
-// included, past String and GoString. %q quotes s; width, precision and
-// flags apply to s as they did to String's result.
-func formatRedacted(f fmt.State, verb rune, s string) {
-	FormatText(f, verb, s)
-}
-
-// FormatText writes s for a Format method: as %q when verb is 'q', as %s
-// otherwise, with the directive's width, precision and flags.
-func FormatText(f fmt.State, verb rune, s string) {
-	if verb != 'q' {
-		verb = 's'
-	}
-	_, _ = fmt.Fprintf(f, fmt.FormatString(f, verb), s)
 }
