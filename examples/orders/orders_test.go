@@ -230,12 +230,24 @@ func TestPlaceOrderErrors(t *testing.T) {
 		{http.MethodPost, "/orders", `{"customer":"ada","sku":"unobtainium","qty":1}`, http.StatusBadRequest, `unknown sku "unobtainium"`},
 		{http.MethodPost, "/orders", `{"customer":"ada","sku":"widget","qty":0}`, http.StatusBadRequest, "qty must be an integer from 1 to 1000"},
 		{http.MethodPost, "/orders", `{"customer":"ada","sku":"widget","qty":1,"x":1}`, http.StatusBadRequest, `invalid JSON body: json: unknown field "x"`},
+		// A client sees the field and what it must be, not the server's Go types.
+		{http.MethodPost, "/orders", `{"customer":"ada","sku":"widget","qty":"2"}`, http.StatusBadRequest, "invalid JSON body: qty must be an integer"},
+		{http.MethodPost, "/orders", `{"customer":"ada","sku":"widget","qty":2.5}`, http.StatusBadRequest, "invalid JSON body: qty must be an integer"},
+		{http.MethodPost, "/orders", `{"customer":7,"sku":"widget","qty":2}`, http.StatusBadRequest, "invalid JSON body: customer must be a string"},
+		{http.MethodPost, "/orders", `[]`, http.StatusBadRequest, "invalid JSON body: expected an object"},
+		{http.MethodPost, "/orders", ``, http.StatusBadRequest, "invalid JSON body: the body is empty"},
+		// A body over the limit is 413, not 400: the client's request is too large, not malformed.
+		{http.MethodPost, "/orders", `{"customer":"` + strings.Repeat("a", maxBodyBytes) + `","sku":"widget","qty":1}`, http.StatusRequestEntityTooLarge, "request body larger than 64 KiB"},
 		{http.MethodGet, "/orders/no-such-order", "", http.StatusNotFound, "order not found"},
 		{http.MethodPost, "/orders/no-such-order/cancel", "", http.StatusNotFound, "order not found"},
 	} {
 		code, out := s.call(t, tc.method, tc.path, tc.body)
 		if code != tc.code || out["error"] != tc.err {
-			t.Errorf("%s %s %s: %d %v, want %d %q", tc.method, tc.path, tc.body, code, out, tc.code, tc.err)
+			body := tc.body
+			if len(body) > 80 {
+				body = body[:80] + "…"
+			}
+			t.Errorf("%s %s %s: %d %v, want %d %q", tc.method, tc.path, body, code, out, tc.code, tc.err)
 		}
 	}
 }
