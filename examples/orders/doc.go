@@ -65,7 +65,7 @@
 //
 // POST /orders {"customer","sku","qty"} inserts the order and its
 // OrderPlaced event in one transaction and answers 201 {"id": ...}; invalid
-// input gets 400 with the reason. POST /orders/{id}/cancel inserts the
+// input gets 400 with the reason, a body over 64 KiB 413. POST /orders/{id}/cancel inserts the
 // cancellation and its OrderCancelled event in one transaction, under the
 // order's row lock, and answers 200 {"id", "status": "cancelled",
 // "previous_status", "cancelled_at"}: an order can be cancelled while it is

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"reflect"
 	"strings"
 	"time"
 	"unicode"
@@ -90,12 +91,37 @@ func (r *placeOrderRequest) validate() error {
 	return nil
 }
 
+// jsonReason describes a decoding error of the request body in the
+// client's terms: the field and the JSON type it must have, not the
+// server's Go types.
+func jsonReason(err error) string {
+	var typeErr *json.UnmarshalTypeError
+	switch {
+	case errors.Is(err, io.EOF):
+		return "the body is empty"
+	case errors.As(err, &typeErr) && typeErr.Field == "":
+		return "expected an object"
+	case errors.As(err, &typeErr):
+		want := "a string"
+		if typeErr.Type.Kind() == reflect.Int {
+			want = "an integer"
+		}
+		return typeErr.Field + " must be " + want
+	}
+	return err.Error()
+}
+
 func (a *api) placeOrder(w http.ResponseWriter, r *http.Request) {
 	var req placeOrderRequest
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid JSON body: "+err.Error())
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body larger than %d KiB", maxBodyBytes>>10))
+			return
+		}
+		writeError(w, http.StatusBadRequest, "invalid JSON body: "+jsonReason(err))
 		return
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
