@@ -1,7 +1,8 @@
 // Package admin is millpond's operator web UI: an http.Handler that shows
 // the outbox's backlog per stream and consumer group, lists dead letters
-// with their details, looks events up by id or key, and requeues or
-// reroutes dead letters after a confirmation step.
+// with their details, looks events up by id or key, and, after a
+// confirmation step, requeues, reroutes or discards dead letters and
+// unregisters consumer groups.
 //
 // Mount it under a prefix of an existing server:
 //

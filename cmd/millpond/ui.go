@@ -20,8 +20,9 @@ const defaultUIAddr = "127.0.0.1:8081"
 const uiUsage = `Usage: millpond ui [-addr 127.0.0.1:8081] [-read-only] [-prefix /path] [-hosts names] [-db URL]
 
 Serve the admin web UI: the backlog per stream and consumer group, dead
-letters with their details, event lookup, and requeue or reroute after a
-confirmation (hidden and refused with -read-only). It has no login: keep it
+letters with their details, event lookup, and requeue, reroute or discard
+of dead letters and unregistering of groups after a confirmation (hidden
+and refused with -read-only). It has no login: keep it
 on a loopback address (the default) or behind an authenticating proxy.
 It answers requests for IP addresses and for localhost only, unless -hosts
 names the host names it is reached by (a name of an attacker's that
@@ -32,7 +33,7 @@ Stop it with Ctrl-C.
 func cmdUI(e *env, args []string) error {
 	fs := newFlagSet(e, "ui", uiUsage)
 	addr := fs.String("addr", defaultUIAddr, "listen address")
-	readOnly := fs.Bool("read-only", false, "hide and refuse every action (requeue, reroute)")
+	readOnly := fs.Bool("read-only", false, "hide and refuse every action (requeue, reroute, discard, unregister)")
 	prefix := fs.String("prefix", "", "path prefix to serve under, such as /admin (default: the root)")
 	hostList := fs.String("hosts", "", "comma-separated host names the UI answers besides IP addresses, such as ops.example.com or *.example.com (default: localhost)")
 	dbFlag := addDBFlag(fs)

@@ -28,8 +28,9 @@
 //	                             (default 30s, 1s-1h); a short lease makes a
 //	                             crashed process's events come back sooner
 //	-admin-actions ORDERS_ADMIN_ACTIONS=1
-//	                             let the admin UI at /admin/ requeue and
-//	                             reroute dead letters (default: read-only)
+//	                             let the admin UI at /admin/ requeue,
+//	                             reroute and discard dead letters and
+//	                             unregister groups (default: read-only)
 //
 // For example, on the local PostgreSQL or MariaDB server:
 //

@@ -28,7 +28,7 @@ type config struct {
 	Lease time.Duration
 	// HandlerDelay makes every handler sleep before its work (tests only).
 	HandlerDelay time.Duration
-	// AdminActions turns on the admin UI's actions (requeue, reroute);
+	// AdminActions turns on the admin UI's actions (requeue, reroute, discard, unregister);
 	// without it /admin/ is read-only.
 	AdminActions bool
 	// StatsInterval is how long one Stats snapshot feeds /metrics' backlog
@@ -85,7 +85,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		"database: sqlite:path, a postgres:// or mysql:// URL, or a PostgreSQL key=value string (env "+envDatabaseURL+")")
 	fs.DurationVar(&cfg.Lease, "lease", lease, "outbox lease of each handler's claims, 1s-1h (env "+envLease+")")
 	fs.BoolVar(&cfg.AdminActions, "admin-actions", getenv(envAdminActions) == "1",
-		"allow the admin UI at /admin/ to requeue and reroute dead letters; it is read-only without (env "+envAdminActions+"=1)")
+		"allow the admin UI at /admin/ to requeue, reroute and discard dead letters and unregister groups; it is read-only without (env "+envAdminActions+"=1)")
 	fs.DurationVar(&cfg.StatsInterval, "stats-interval", outbox.DefaultStatsInterval,
 		"how long one backlog query serves /metrics and /readyz (at most one query per interval)")
 	if err := fs.Parse(args); err != nil {
