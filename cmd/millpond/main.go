@@ -569,6 +569,40 @@ func cmdStats(e *env, args []string) error {
 }
 
 // groupName shows the default consumer group, stored as "", readably.
+// hintEmptyDeadList tells on stderr where to look when dead list found
+// nothing: a stream with no registered group (a typo, say) and the streams
+// that have one, or the other groups of the stream that hold dead letters
+// when only one group was listed. It says nothing when it cannot tell.
+func hintEmptyDeadList(e *env, s *outbox.Store, stream, group string, all bool) {
+	regs, err := s.RegisteredGroups(e.ctx)
+	if err != nil {
+		return
+	}
+	var streams []string
+	for _, r := range regs {
+		streams = append(streams, r.Stream)
+	}
+	slices.Sort(streams)
+	streams = slices.Compact(streams)
+	if !slices.Contains(streams, stream) {
+		others := "none"
+		if len(streams) > 0 {
+			others = strings.Join(streams, ", ")
+		}
+		fmt.Fprintf(e.stderr, "no consumer group is registered for stream %q (streams with groups: %s)\n", stream, others)
+		return
+	}
+	if all {
+		return
+	}
+	other, err := s.ListDead(e.ctx, outbox.DeadQuery{Stream: stream, AllGroups: true, Limit: 1})
+	if err != nil || len(other) == 0 {
+		return
+	}
+	fmt.Fprintf(e.stderr, "no dead letters in group %s of stream %s, but group %s has some: add -all-groups or -group NAME\n",
+		groupName(group), stream, groupName(other[0].Group))
+}
+
 func groupName(g string) string {
 	if g == "" {
 		return "(default)"
@@ -578,9 +612,12 @@ func groupName(g string) string {
 
 const deadListUsage = `Usage: millpond dead list -stream S [-group G | -all-groups] [-after ID] [-limit N] [-json | -show-keys] [-db URL]
 
-List dead-lettered events of a stream, oldest first. Event keys may carry
-customer data, so the KEY column says (hidden) unless -show-keys is given;
-payloads are never printed.
+List dead-lettered events of a stream, oldest first: of the default group
+unless -group or -all-groups is given (a bus handler's group is its name).
+When the list is empty, stderr says whether other groups of the stream hold
+dead letters, or that no group is registered for the stream (a typo?). Event
+keys may carry customer data, so the KEY column says (hidden) unless
+-show-keys is given; payloads are never printed.
 
 With -json, a JSON array with one object per event (event keys and payloads are never printed):
   id           the event's row id (for requeue, reroute, discard and -after)
@@ -646,6 +683,9 @@ func cmdDeadList(e *env, args []string) error {
 			return usagef("dead list: %v", err)
 		}
 		return db.fail("list dead letters in", err)
+	}
+	if len(dead) == 0 && *after == 0 {
+		hintEmptyDeadList(e, s, *stream, *group, *all)
 	}
 	if len(dead) == *limit {
 		defer fmt.Fprintf(e.stderr, "more may follow: add -after %d\n", dead[len(dead)-1].ID)
