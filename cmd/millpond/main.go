@@ -568,7 +568,6 @@ func cmdStats(e *env, args []string) error {
 	return nil
 }
 
-// groupName shows the default consumer group, stored as "", readably.
 // hintEmptyDeadList tells on stderr where to look when dead list found
 // nothing: a stream with no registered group (a typo, say) and the streams
 // that have one, or the other groups of the stream that hold dead letters
@@ -603,6 +602,7 @@ func hintEmptyDeadList(e *env, s *outbox.Store, stream, group string, all bool) 
 		groupName(group), stream, groupName(other[0].Group))
 }
 
+// groupName shows the default consumer group, stored as "", readably.
 func groupName(g string) string {
 	if g == "" {
 		return "(default)"
