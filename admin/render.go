@@ -157,6 +157,10 @@ func viewPayload(b []byte) payloadView {
 	switch {
 	case len(b) == 0:
 		v.Form = "empty"
+	case json.Valid(b) && indentedSize(b) > 2*len(b)+64<<10:
+		// Deeply nested: indenting would write most of the page as spaces
+		// (1 MiB nested 40 deep makes 35 MB).
+		v.Text, v.Form = safetext.Block(string(b)), "JSON (as stored: too deeply nested to indent)"
 	case json.Valid(b) && json.Indent(&out, b, "", "  ") == nil:
 		v.Text, v.Form = safetext.Block(out.String()), "JSON"
 	case utf8.Valid(b):
@@ -170,4 +174,37 @@ func viewPayload(b []byte) payloadView {
 		v.Text, v.Form = hex.String(), "binary (hex)"
 	}
 	return v
+}
+
+// indentedSize is at least the length of json.Indent(b, "", "  ") for valid
+// JSON b: each bracket and comma may start a line indented two spaces a
+// level, each colon gains a space.
+func indentedSize(b []byte) int {
+	n, depth, inString, escaped := len(b), 0, false, false
+	for _, c := range b {
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '{' || c == '[':
+			depth++
+			n += 1 + 2*depth
+		case c == '}' || c == ']':
+			depth--
+			n += 1 + 2*depth
+		case c == ',':
+			n += 1 + 2*depth
+		case c == ':':
+			n++
+		}
+	}
+	return n
 }
