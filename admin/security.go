@@ -32,9 +32,12 @@ const csrfCookie = "millpond_admin_csrf"
 const csrfField = "csrf_token"
 
 // csrfGuard implements signed double-submit CSRF tokens: the browser holds
-// a random value in an HttpOnly, SameSite=Strict cookie and every form
+// a random value in an HttpOnly, SameSite=Lax cookie and every form
 // carries HMAC(key, value). A forged form from another site can neither
-// read the cookie nor compute the HMAC.
+// read the cookie nor compute the HMAC, and its POST comes without the
+// cookie. Lax, not Strict: a link followed from another site (a chat, a
+// dashboard) would come without a Strict cookie, get a new one, and so
+// void the tokens of every page already open.
 type csrfGuard struct {
 	key        []byte
 	cookiePath string
@@ -58,7 +61,7 @@ func (g csrfGuard) token(w http.ResponseWriter, r *http.Request) string {
 	value := base64.RawURLEncoding.EncodeToString(b)
 	http.SetCookie(w, &http.Cookie{
 		Name: csrfCookie, Value: value, Path: g.cookiePath,
-		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode,
+		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteLaxMode,
 	})
 	return g.sign(value)
 }
