@@ -79,8 +79,30 @@
     });
   }
 
+  // An action form is sent once: a second click (a double click, an
+  // impatient one) would send it again, and the page would show the
+  // second answer, which finds nothing left to do ("0 of 1", "nothing was
+  // changed") although the first did it.
+  function setupSubmitOnce() {
+    document.querySelectorAll("form[method=post]").forEach(function (form) {
+      var sent = false;
+      form.addEventListener("submit", function (e) {
+        if (sent) { e.preventDefault(); return; }
+        sent = true;
+        form.setAttribute("aria-busy", "true");
+      });
+      // Back to this page from the browser's cache: it may be sent again.
+      window.addEventListener("pageshow", function (e) {
+        if (!e.persisted) { return; }
+        sent = false;
+        form.removeAttribute("aria-busy");
+      });
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     setupRefresh();
     setupSelectAll();
+    setupSubmitOnce();
   });
 })();
