@@ -164,7 +164,7 @@ func (c *Core) inTxRetry(ctx context.Context, what string, opts *sql.TxOptions, 
 // to resolve a conflict, after which the whole of it may simply be run
 // again: PostgreSQL's deadlock_detected (40P01) and serialization_failure
 // (40001), and what the driver package of db tells through its Transient
-// method (MySQL's deadlock 1213 and lock wait timeout 1205, SQLite's
+// method (MySQL's deadlock 1213, also as 1467, and lock wait timeout 1205, SQLite's
 // "database is locked" after its busy timeout), so that this package links
 // no driver but pgx.
 func retryable(db DB, err error) bool {

@@ -83,9 +83,12 @@ func DSN(rawURL string) (string, error) {
 	return cfg.FormatDSN(), nil
 }
 
-// Transient reports MySQL's "deadlock found" (1213) and "lock wait timeout"
-// (1205), after which the whole transaction may simply be run again.
+// Transient reports MySQL's "deadlock found" (1213), "lock wait timeout"
+// (1205) and "failed to read auto-increment value" (1467, what InnoDB
+// reports for a transaction chosen as a deadlock's victim while it waited
+// for a table's auto-increment lock), after which the whole transaction may
+// simply be run again.
 func Transient(err error) bool {
 	var me *driver.MySQLError
-	return errors.As(err, &me) && (me.Number == 1213 || me.Number == 1205)
+	return errors.As(err, &me) && (me.Number == 1213 || me.Number == 1205 || me.Number == 1467)
 }
