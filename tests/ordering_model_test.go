@@ -57,11 +57,14 @@ import (
 //   - in the end nothing is left pending, processing, blocked or dead and
 //     every key counts no unsettled event.
 //
+// The drain fails when nothing settles for stuckAfter. Producers pause
+// while maxBacklog events wait for a group.
+//
 // MILLPOND_FUZZ_SEED repeats a run's random choices (the interleaving of
 // the goroutines still varies); the seed is logged. Each dialect runs the
-// chaos phase for 3 s with and without WithDeleteOnAck;
-// MILLPOND_FUZZ_LONG=1 runs it for a minute, MILLPOND_FUZZ_DURATION for
-// any duration.
+// chaos phase for 3 s with and without WithDeleteOnAck (about 5 s per
+// case); MILLPOND_FUZZ_LONG=1 runs it for a minute, MILLPOND_FUZZ_DURATION
+// for any duration.
 func TestOrderingModel(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	if v := os.Getenv("MILLPOND_FUZZ_SEED"); v != "" {
@@ -109,6 +112,13 @@ const (
 	// leaseSlack allows for the difference between the client's clock and
 	// the database's when deciding that a lease was still live.
 	leaseSlack = 250 * time.Millisecond
+	// maxBacklog is the most committed events the producers let wait for
+	// a group: a few keys deliver one event per round trip each, and an
+	// expired lease holds its key for a second.
+	maxBacklog = 300
+	// stuckAfter is how long the drain may go without settling anything
+	// before the events left count as stuck: several leases and retries.
+	stuckAfter = 10 * time.Second
 )
 
 // modelGroups are the two consumer groups and their dead-letter policies.
@@ -173,6 +183,9 @@ type orderModel struct {
 	txSeq  atomic.Int64
 	tokSeq atomic.Int64
 	calm   atomic.Bool // failures stopped
+	// settledN counts (group, event) deliveries acknowledged or discarded,
+	// committedN committed events: the producers keep the backlog bounded.
+	settledN, committedN atomic.Int64
 
 	mu         sync.Mutex
 	events     map[string]*modelEvent
@@ -400,6 +413,9 @@ func (m *orderModel) acked(cs []outbox.Claimed, stale map[int64]bool, how string
 		}
 		d.acks++
 		m.acks.Add(1)
+		if d.acks == 1 && !d.discarded {
+			m.settledN.Add(1)
+		}
 		if d.acks > 1 {
 			m.errorf("%s: %s/%s acknowledged %d times", how, c.Group, c.Key, d.acks)
 		}
@@ -446,14 +462,18 @@ func (m *orderModel) run(chaos time.Duration) {
 	m.calm.Store(true)
 	calmAt := time.Now()
 
-	// Every committed event settled in every group, or stuck.
-	deadline := time.Now().Add(30 * time.Second)
+	// Every committed event settled in every group, or stuck: nothing
+	// settled for stuckAfter.
+	progress, progressAt := m.settledN.Load(), time.Now()
 	for {
 		left := m.unsettled()
 		if len(left) == 0 || m.failed() {
 			break
 		}
-		if time.Now().After(deadline) {
+		if n := m.settledN.Load(); n != progress {
+			progress, progressAt = n, time.Now()
+		}
+		if time.Since(progressAt) > stuckAfter {
 			m.fail("events never settled once failures stopped and dead letters were requeued or discarded (%d): %s\nrows: %s",
 				len(left), strings.Join(left[:min(len(left), 20)], ", "), m.dumpRows())
 			break
@@ -529,6 +549,9 @@ func (m *orderModel) produce(p int, stop <-chan struct{}) {
 		default:
 		}
 		time.Sleep(time.Duration(5+rng.IntN(25)) * time.Millisecond)
+		if m.committedN.Load()*int64(len(modelGroups))-m.settledN.Load() > maxBacklog*int64(len(modelGroups)) {
+			continue // let the consumers catch up
+		}
 		var batch []*modelEvent
 		var known []*modelEvent
 		for range 1 + rng.IntN(3) {
@@ -634,6 +657,7 @@ func (m *orderModel) produceTx(rng *rand.Rand, batch, known []*modelEvent, rollb
 		for _, ev := range batch {
 			ev.commit = commit
 			m.committed = append(m.committed, ev.key)
+			m.committedN.Add(1)
 		}
 	case errors.Is(err, errRollback) || isDeadlock(err):
 		if !errors.Is(err, errRollback) {
@@ -962,6 +986,9 @@ func (m *orderModel) operate(done <-chan struct{}) {
 					m.errorf("discard dead letter %s/%s: %d, %v", d.Group, d.Key, n, err)
 				}
 				md.discarded = n == 1
+				if md.discarded && md.acks == 0 {
+					m.settledN.Add(1)
+				}
 				if md.acks > 0 {
 					m.errorf("discarded %s/%s had been acknowledged", d.Group, d.Key)
 				}
