@@ -337,8 +337,8 @@ func (s *Subscriber) FailingSince() (time.Time, bool) {
 	return time.Unix(0, since), true
 }
 
-// noteOutcome records the outcome of a claim in streak (the start of the current streak of failures, 0 when the
-// latest one succeeded).
+// noteOutcome records the outcome of a claim in streak: the start of the
+// current streak of failures, 0 when the latest claim succeeded.
 func noteOutcome(streak *atomic.Int64, err error) {
 	if err == nil {
 		streak.Store(0)
