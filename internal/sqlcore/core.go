@@ -311,11 +311,21 @@ func (c *Core) insertID(ctx context.Context, tx Executor, q query, vals map[stri
 
 // existing resolves an enqueue that hit its idempotency key.
 func (c *Core) existing(ctx context.Context, tx Executor, ev Event, hash []byte) (Enqueued, error) {
-	q := c.stmts.existing
-	if c.dialect == MySQL {
-		q = c.stmts.existingLocked
+	// On MySQL a plain read first: in REPEATABLE READ the locking read
+	// (existingLocked) share-locks the gap after the event's delivery rows
+	// in their (event_id, consumer_group) index, for the newest events the
+	// gap every new delivery row goes to, so a concurrent producer's insert
+	// waited for this transaction to end while holding its key row or the
+	// table's AUTO-INC lock, and this transaction's next enqueue deadlocked
+	// with it. The event's row is already locked (the insert that found it
+	// took its lock), and when the transaction's snapshot sees the event it
+	// sees the delivery rows inserted with it. Only an event committed
+	// after the snapshot was taken (a concurrent enqueue of the same key)
+	// needs the locking read, which reads the latest rows.
+	res, found, err := c.lookup(ctx, tx, c.stmts.existing, ev, hash)
+	if err == nil && !found && c.dialect == MySQL {
+		res, found, err = c.lookup(ctx, tx, c.stmts.existingLocked, ev, hash)
 	}
-	res, found, err := c.lookup(ctx, tx, q, ev, hash)
 	if err == nil && !found {
 		err = errors.New("event was neither inserted nor found")
 	}

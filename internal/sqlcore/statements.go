@@ -456,7 +456,10 @@ FROM millpond_events k WHERE k.stream = @stream AND k.event_key = @key`
 	s.existing = c(known)
 	// MySQL in REPEATABLE READ: after waiting on a concurrent insert of the
 	// same key, a plain read would still see the old snapshot (no row); a
-	// locking read sees the committed one.
+	// locking read sees the committed one. It is run only when the plain
+	// read (existing) finds no event: it share-locks the gap after the
+	// event's delivery rows, where concurrent enqueues insert (see
+	// Core.existing).
 	// (A locking read does not lock, nor read the latest rows of, a
 	// subquery: the rows are joined.)
 	s.existingLocked = c(`SELECT COALESCE(MIN(d.id), 0), k.content_hash
