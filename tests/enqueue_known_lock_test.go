@@ -103,3 +103,52 @@ func TestMySQLEnqueueKnownLocksNoGap(t *testing.T) {
 		})
 	}
 }
+
+// TestMySQLEnqueueKnownAfterSnapshot checks the other side of the plain
+// read that resolves a known event on MySQL: an event committed by a
+// concurrent enqueue after the transaction's snapshot was taken is not in
+// that snapshot, and the locking read must still find it and its id.
+func TestMySQLEnqueueKnownAfterSnapshot(t *testing.T) {
+	db := testdb.New(t, "mysql")
+	s := db.Store(t, outbox.WithoutListen())
+	ctx := context.Background()
+	for _, okey := range []string{"", "k"} {
+		key := "e" + okey
+		e := outbox.Event{Stream: "s", Key: key, Kind: "K", Payload: []byte(`{}`), OrderingKey: okey}
+		tx1, err := db.SQL.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx1.Rollback() }()
+		var n int
+		// A plain read takes the transaction's snapshot before the event exists.
+		if err := tx1.QueryRowContext(ctx, "SELECT COUNT(*) FROM millpond_events").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		tx2, err := db.SQL.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first, err := s.Enqueue(ctx, outbox.SQLTx(tx2), e)
+		if err != nil || !first.Inserted {
+			t.Fatalf("%s: %+v, %v", key, first, err)
+		}
+		done := make(chan struct{})
+		var again outbox.Enqueued
+		go func() {
+			defer close(done)
+			again, err = s.Enqueue(ctx, outbox.SQLTx(tx1), e) // waits for transaction 2
+		}()
+		time.Sleep(200 * time.Millisecond)
+		if err := tx2.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		<-done
+		if err != nil || again.Inserted || again.ID != first.ID {
+			t.Fatalf("%s enqueued again after a concurrent commit: %+v, %v; want the committed event %d", key, again, err, first.ID)
+		}
+		if err := tx1.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
