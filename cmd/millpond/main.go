@@ -90,7 +90,7 @@ Commands:
   groups unregister -stream S -group G [-discard]
                                         retire a group (refused while it has pending or processing events)
   pending reroute -stream S             move pending events of the default group to the groups that take their kind now
-  purge -older-than D [-limit N]        delete events delivered more than D ago (e.g. 168h)
+  purge -older-than D [-limit N]        delete events delivered more than D ago (e.g. 7d)
   ui [-addr 127.0.0.1:8081] [-read-only] serve the admin web UI (loopback by default)
   relay -nats URL -stream S [-js-stream N] [-subject-prefix P] [-strict]
                                         forward a stream's events to NATS JetStream, exactly once, in per-key order
@@ -811,8 +811,10 @@ func parseIDs(cmd string, pos []string) ([]int64, error) {
 }
 
 func cmdPurge(e *env, args []string) error {
-	fs := newFlagSet(e, "purge", "Usage: millpond purge -older-than D [-limit N] [-delete-on-ack] [-db URL]\n\nDelete events delivered more than D ago (e.g. 168h). Their keys may then be enqueued again.\nWith -delete-on-ack (stores that delete acknowledged rows), also delete events enqueued more than D ago that no delivery row points at.\n")
-	olderThan := fs.Duration("older-than", 0, "retention horizon, e.g. 168h (required)")
+	fs := newFlagSet(e, "purge", "Usage: millpond purge -older-than D [-limit N] [-delete-on-ack] [-db URL]\n\nDelete events delivered more than D ago (e.g. 7d or 168h). Their keys may then be enqueued again.\nWith -delete-on-ack (stores that delete acknowledged rows), also delete events enqueued more than D ago that no delivery row points at.\n")
+	var horizon retention
+	fs.Var(&horizon, "older-than", "retention horizon, e.g. 7d, 168h or 1d12h (required)")
+	olderThan := (*time.Duration)(&horizon)
 	limit := fs.Int64("limit", 0, "most rows to delete (0: all that qualify)")
 	deleteOnAck := fs.Bool("delete-on-ack", false, "for stores run with outbox.WithDeleteOnAck: also delete events enqueued more than D ago that no delivery row points at (counted with the rows)")
 	dbFlag := addDBFlag(fs)
@@ -853,6 +855,10 @@ func cmdPurge(e *env, args []string) error {
 		if n < chunk {
 			break
 		}
+	}
+	if *deleteOnAck {
+		fmt.Fprintf(e.stdout, "purged %d delivered events and events no delivery row points at, older than %s\n", total, *olderThan)
+		return nil
 	}
 	fmt.Fprintf(e.stdout, "purged %d delivered events older than %s\n", total, *olderThan)
 	return nil

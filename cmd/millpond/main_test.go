@@ -150,9 +150,9 @@ func TestAdminCommand(t *testing.T) {
 			}
 
 			// Purge: a long horizon keeps everything, zero deletes the 3 delivered.
-			code, stdout, _ = cli(t, nil, append(flagDB, "purge", "-older-than", "168h")...)
+			code, stdout, _ = cli(t, nil, append(flagDB, "purge", "-older-than", "7d")...)
 			if code != 0 || !strings.Contains(stdout, "purged 0 ") {
-				t.Fatalf("purge 168h: code %d, output %q", code, stdout)
+				t.Fatalf("purge 7d: code %d, output %q", code, stdout)
 			}
 			time.Sleep(5 * time.Millisecond) // delivered_at is strictly in the past
 			code, stdout, _ = cli(t, nil, append(flagDB, "purge", "-older-than", "0s", "-limit", "2")...)
@@ -205,6 +205,9 @@ func TestUsageErrors(t *testing.T) {
 		{"purge"},
 		{"purge", "-older-than", "-1h"},
 		{"purge", "-older-than", "soon"},
+		{"purge", "-older-than", "7x"},
+		{"purge", "-older-than", "d"},
+		{"purge", "-older-than", "1d-1h"},
 		{"purge", "-older-than", "1h", "-limit", "-5"},
 		{"migrate", "-down=maybe"},
 	}
