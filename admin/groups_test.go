@@ -25,7 +25,9 @@ func TestGroupsAndDiscard(t *testing.T) {
 
 	_, body, _ := get(t, c, srv.URL+"/groups")
 	for _, want := range []string{`data-stream="orders" data-group="billing"`, `data-stream="orders" data-group="shipping"`,
-		`data-stream="audit" data-group=""`, "Unregister<span class=\"visually-hidden\"> group shipping of stream orders"} {
+		`data-stream="audit" data-group=""`, "Unregister<span class=\"visually-hidden\"> group shipping of stream orders",
+		// A group's dead letters link to their list, the default group's too.
+		`href="/dead?group=shipping&amp;stream=orders"`, `href="/dead?group=%28default%29&amp;stream=audit"`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("the groups page lacks %q", want)
 		}

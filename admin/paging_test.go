@@ -70,6 +70,10 @@ func TestDeadListLastPageHasNoNextLink(t *testing.T) {
 				if rows == 0 {
 					t.Fatalf("page %d is empty: the page before it offered a next page (%d of %d shown)", page, shown, n)
 				}
+				// Every page after the first links back to it, with the filter.
+				if hasFirst := strings.Contains(body, `href="/dead?stream=paged" rel="first"`); hasFirst != (page > 1) {
+					t.Fatalf("page %d: link to the first page %v, want %v", page, hasFirst, page > 1)
+				}
 				next := nextLinkRE.FindStringSubmatch(body)
 				if strings.Contains(body, "more follow") != (next != nil) {
 					t.Fatalf("page %d: says more follow %v, next link %v", page, strings.Contains(body, "more follow"), next != nil)

@@ -46,6 +46,10 @@ var funcs = template.FuncMap{
 	// bidirectional controls, zero-width characters and line breaks
 	// escaped (see internal/safetext).
 	"line": safetext.Line,
+	// deadLink is the dead-letter list's query for one stream and group.
+	"deadLink": func(stream, group string) template.URL {
+		return deadFilter{Stream: stream, Group: groupParam(group)}.query()
+	},
 }
 
 func parseTemplates() (*templates, error) {
