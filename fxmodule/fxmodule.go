@@ -24,6 +24,7 @@ import (
 	"github.com/millpond/millpond/outbox/anydb"
 
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -91,6 +92,11 @@ func (c Config) Format(f fmt.State, verb rune) { safetext.Format(f, verb, c.Stri
 // LogValue is String, for log/slog (whose JSON handler would otherwise
 // print every field).
 func (c Config) LogValue() slog.Value { return slog.StringValue(c.String()) }
+
+// MarshalJSON is String as a JSON string, so that encoding/json (slog's
+// JSON handler and zap's reflection encoder marshal an application's own
+// configuration holding a Config field by field) hides the password too.
+func (c Config) MarshalJSON() ([]byte, error) { return json.Marshal(c.String()) }
 
 // Module provides *outbox.Store, *outbox.Publisher (a context publisher:
 // put the transaction on each message with outbox.ContextWithTx), *bus.Bus

@@ -2,6 +2,7 @@ package fxmodule_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -69,6 +70,44 @@ func TestConfigFormatKeepsWidth(t *testing.T) {
 	} {
 		if got.got != got.want {
 			t.Errorf("%q, want %q", got.got, got.want)
+		}
+	}
+}
+
+// TestConfigsMarshalWithoutTheirPasswords: a Config or RelayConfig marshalled
+// as JSON, on its own or inside an application's own configuration (which
+// slog's JSON handler and zap's reflection encoder marshal field by field,
+// past String and LogValue), shows no password.
+func TestConfigsMarshalWithoutTheirPasswords(t *testing.T) {
+	const dbSecret, natsSecret = "db-Pw-SECRET-7731", "nats-Pw-SECRET-7731"
+	type appConfig struct {
+		Name  string
+		DB    fxmodule.Config
+		Relay fxmodule.RelayConfig
+	}
+	app := appConfig{Name: "orders",
+		DB:    fxmodule.Config{DatabaseURL: "postgres://app:" + dbSecret + "@db.internal:5432/app"},
+		Relay: fxmodule.RelayConfig{NATSURL: "nats://relay:" + natsSecret + "@nats.internal:4222"}}
+	var outputs []string
+	for _, v := range []any{app.DB, app.Relay, &app.DB, &app.Relay, app, []fxmodule.RelayConfig{app.Relay}} {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Errorf("json.Marshal(%T): %v", v, err)
+		}
+		outputs = append(outputs, string(b))
+	}
+	var buf bytes.Buffer
+	slog.New(slog.NewJSONHandler(&buf, nil)).Info("config", "app", app)
+	enc := zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig())
+	zap.New(zapcore.NewCore(enc, zapcore.AddSync(&buf), zap.DebugLevel)).Info("config",
+		zap.Any("app", app), zap.Reflect("relay", app.Relay), zap.Reflect("db", app.DB))
+	outputs = append(outputs, buf.String())
+	for i, out := range outputs {
+		if strings.Contains(out, "SECRET") {
+			t.Errorf("output %d shows a password: %s", i, out)
+		}
+		if !strings.Contains(out, "internal") {
+			t.Errorf("output %d hides the host too: %s", i, out)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package fxmodule
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -49,6 +50,12 @@ func (c RelayConfig) Format(f fmt.State, verb rune) { safetext.Format(f, verb, c
 // LogValue is String, for log/slog (whose JSON handler would otherwise
 // print every field).
 func (c RelayConfig) LogValue() slog.Value { return slog.StringValue(c.String()) }
+
+// MarshalJSON is String as a JSON string, so that encoding/json (slog's
+// JSON handler and zap's reflection encoder marshal an application's own
+// configuration holding a RelayConfig field by field) hides the
+// credentials too.
+func (c RelayConfig) MarshalJSON() ([]byte, error) { return json.Marshal(c.String()) }
 
 // ErrNoNATSURL is returned when RelayConfig.NATSURL is empty.
 var ErrNoNATSURL = errors.New("fxmodule: RelayConfig.NATSURL is empty; name the NATS server (nats://…)")
