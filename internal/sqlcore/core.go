@@ -176,7 +176,12 @@ func decodeMetadata(text string) (map[string]string, error) {
 // it. A notifying transaction takes a database-wide lock while it commits
 // (PostgreSQL serialises the commits of notifying transactions), so callers
 // should notify only a few times a second per stream, not on every enqueue.
-func (c *Core) Enqueue(ctx context.Context, tx Executor, ev Event, notify bool) (Enqueued, error) {
+func (c *Core) Enqueue(ctx context.Context, tx Executor, ev Event, notify bool) (_ Enqueued, err error) {
+	if c.dialect == MySQL {
+		// MySQL quotes a metadata value its connection's character set
+		// cannot hold (error 1366): hide it.
+		defer func() { err = hideQuotedValues(err) }()
+	}
 	if tx == nil {
 		return Enqueued{}, errors.New("nil transaction")
 	}

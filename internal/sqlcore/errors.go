@@ -1,6 +1,9 @@
 package sqlcore
 
-import "errors"
+import (
+	"errors"
+	"strings"
+)
 
 // Sentinel errors. Every error returned for bad input or a lost claim wraps
 // one of these, so callers can test with errors.Is.
@@ -57,3 +60,52 @@ var (
 	// skip.
 	ErrInvalidPolicy = errors.New("invalid dead-letter policy")
 )
+
+// quotingErrors are the texts around the value that a MySQL or MariaDB
+// error quotes from a statement's argument: 1366 (a character the
+// connection's character set cannot hold, such as an emoji of a metadata
+// value over charset=utf8, quoted with the bytes after it) and 1062 (a
+// duplicate key). The value may itself hold a quote, so it ends at the
+// last occurrence of its closing text.
+var quotingErrors = []struct{ open, close string }{
+	{"Incorrect string value: '", "' for column"},
+	{"Duplicate entry '", "' for key"},
+}
+
+// valueError is a driver error whose text quoted a value, with the value
+// hidden; Unwrap gives the driver's error to errors.Is and errors.As.
+type valueError struct {
+	text string
+	err  error
+}
+
+func (e *valueError) Error() string { return e.text }
+func (e *valueError) Unwrap() error { return e.err }
+
+// hideQuotedValues returns err with the value that a MySQL or MariaDB error
+// quotes (see quotingErrors) replaced by [REDACTED]; other errors as they
+// are.
+func hideQuotedValues(err error) error {
+	if err == nil {
+		return nil
+	}
+	text := err.Error()
+	hidden := false
+	for _, q := range quotingErrors {
+		i := strings.Index(text, q.open)
+		if i < 0 {
+			continue
+		}
+		head := text[:i] + strings.TrimSuffix(q.open, "'") + redacted
+		if end := strings.LastIndex(text, q.close); end >= i+len(q.open) {
+			text = head + text[end+1:]
+		} else {
+			text = head // no closing text after the value: hide the rest
+		}
+		hidden = true
+	}
+	if !hidden {
+		return err
+	}
+	return &valueError{text: text, err: err}
+}
