@@ -28,7 +28,10 @@
 // key=value string. On a database whose stores run with
 // outbox.WithDeleteOnAck give -delete-on-ack (before the command) or set
 // MILLPOND_DELETE_ON_ACK=1: the commands then open it the same way.
-// Passwords, event keys and payloads are never printed.
+// Passwords, event keys and payloads are never printed. A password given
+// with -db (or -nats) is visible to every user of the machine in the
+// process list and stays in the shell's history: set MILLPOND_DATABASE_URL
+// (and MILLPOND_NATS_URL) instead.
 // The exit code is 0 on success, 1 when the command failed, 2 for a usage
 // error and 3 when a command that changes events or groups matched none.
 package main
@@ -100,7 +103,9 @@ The database is -db URL or $` + EnvDatabaseURL + `:
   host=127.0.0.1 user=app password=… dbname=app   (PostgreSQL key=value)
   mysql://user:pass@host:3306/db
   sqlite:path/to/file.db
-Passwords are never printed.
+Passwords are never printed. A password given with -db is visible to every
+user of the machine in the process list (ps) and stays in the shell's
+history: set $` + EnvDatabaseURL + ` instead.
 
 -delete-on-ack (or $` + EnvDeleteOnAck + `=1): the application's stores run with
 outbox.WithDeleteOnAck; give it on such a database, so that discards and

@@ -348,3 +348,27 @@ func TestStatsShowsRetrying(t *testing.T) {
 		t.Fatalf("stats row %q: want 2 pending, 1 of them retrying", got)
 	}
 }
+
+// TestUsageTellsToKeepPasswordsOffTheCommandLine: -db and -nats are seen by
+// every user of the machine in the process list; the help of the tool and
+// of relay names the environment variables to use instead.
+func TestUsageTellsToKeepPasswordsOffTheCommandLine(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		vars []string
+	}{
+		{[]string{"-h"}, []string{EnvDatabaseURL}},
+		{[]string{"relay", "-h"}, []string{EnvDatabaseURL, EnvNATSURL}},
+	} {
+		code, stdout, stderr := cli(t, nil, c.args...)
+		help := stdout + stderr
+		if code != exitOK || !strings.Contains(help, "process list") {
+			t.Errorf("millpond %q: code %d; the help does not warn about the process list:\n%s", c.args, code, help)
+		}
+		for _, v := range c.vars {
+			if !strings.Contains(help, "set $"+v) && !strings.Contains(help, "$"+v+" instead") && !strings.Contains(help, "$"+v+" and") {
+				t.Errorf("millpond %q: the help does not name $%s as the way:\n%s", c.args, v, help)
+			}
+		}
+	}
+}

@@ -34,6 +34,8 @@ ordering key. Subjects: -subject template, default
 -ordering-key-subject or -strict); '.' inside a name becomes '~'.
 
 The NATS URL is -nats or $` + EnvNATSURL + `; its credentials are never printed.
+Credentials given with -nats or -db are visible to every user of the machine in
+the process list (ps): set $` + EnvNATSURL + ` and $` + EnvDatabaseURL + ` instead.
 `
 
 func cmdRelay(e *env, args []string) error {
