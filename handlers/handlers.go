@@ -15,7 +15,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -23,6 +22,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millpond/millpond/internal/gostack"
+	"github.com/millpond/millpond/internal/panicstack"
 	"github.com/millpond/millpond/outbox"
 )
 
@@ -232,11 +232,11 @@ type typed[T any] struct {
 // New returns a Handler named name (its consumer group) for events of kind
 // on stream, decoding each JSON payload into T. A payload that does not
 // decode (JSON null included, and a decoder that panics) is dead-lettered
-// at once with a reason that quotes none of it. An
-// error fn returns, or a panic (its value and stack), becomes the event's
-// last error as fn wrote it (sanitised, cut to 512 bytes), shown to
-// operators and logged by the router: keep payload content and secrets
-// out of them.
+// at once with a reason that quotes none of it. An error fn returns, or a
+// panic (its value and stack, the stack without the frames' argument
+// values, which would show the event's fields), becomes the event's last
+// error as fn wrote it (sanitised, cut to 512 bytes), shown to operators
+// and logged by the router: keep payload content and secrets out of them.
 // It panics if fn is nil, as net/http does for a nil handler func; the bus
 // checks name, stream and kind.
 func New[T any](name, stream, kind string, fn Func[T], opts ...Option) Handler {
@@ -308,7 +308,7 @@ func decode[T any](payload []byte, event *T) (err error) {
 }
 
 // Handle decodes the payload and calls the function; a panic becomes an
-// error carrying the panic value and stack.
+// error carrying the panic value and stack (without argument values).
 func (h *typed[T]) Handle(msg *message.Message) (err error) {
 	// Decoding outgrows a new goroutine's first stack (Watermill's router
 	// runs every message in one): grow it once, while it is shallow. The
@@ -321,7 +321,7 @@ func (h *typed[T]) Handle(msg *message.Message) (err error) {
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("handler %s: panic: %v\n%s", h.name, r, debug.Stack())
+			err = fmt.Errorf("handler %s: panic: %v\n%s", h.name, r, panicstack.Stack())
 		}
 	}()
 	if err := h.fn(msg.Context(), event, MetaOf(msg)); err != nil {

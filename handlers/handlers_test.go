@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -124,5 +125,43 @@ func TestPermanent(t *testing.T) {
 	err := handlers.Permanent(cause)
 	if !errors.Is(err, cause) || !handlers.IsPermanent(err) || handlers.IsPermanent(cause) {
 		t.Errorf("Permanent wrapping broken: %v", err)
+	}
+}
+
+// largeEvent is passed on the stack (too many fields for registers), where
+// a traceback reads its fields' values exactly.
+type largeEvent struct {
+	Card, PIN                 int64
+	A, B, C, D, E, F, G, H, I int64
+}
+
+//go:noinline
+func chargeCard(_ context.Context, ev largeEvent, _ handlers.Meta) error {
+	if ev.Card > 0 {
+		panic("declined")
+	}
+	return nil
+}
+
+// TestPanicStackHoldsNoArguments: the error a handler's panic becomes
+// carries the stack, which a Go traceback prints with the words of each
+// frame's arguments, the decoded event's field values among them (a card
+// number in hex). The error is stored as the last error and logged by the
+// router: the stack keeps its functions, files and lines, not the values.
+func TestPanicStackHoldsNoArguments(t *testing.T) {
+	const card, pin = 4111111111111111, 4321
+	h := handlers.New("charge", "cards", "Charged", chargeCard)
+	err := h.Handle(newMsg(fmt.Sprintf(`{"Card": %d, "PIN": %d}`, card, pin)))
+	if err == nil || !strings.Contains(err.Error(), "panic: declined") {
+		t.Fatalf("panic became %v", err)
+	}
+	text := err.Error()
+	for _, v := range []string{fmt.Sprintf("%#x", card), fmt.Sprintf("%#x", pin), fmt.Sprint(card)} {
+		if strings.Contains(text, v) {
+			t.Errorf("the panic's error shows an argument's value %s:\n%s", v, text)
+		}
+	}
+	if !strings.Contains(text, "handlers_test.chargeCard(...)") || !strings.Contains(text, "handlers_test.go:") {
+		t.Errorf("the stack lost the handler's frame:\n%s", text)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"runtime/debug"
 	"slices"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/millpond/millpond/bus"
 	"github.com/millpond/millpond/fxmodule"
 	"github.com/millpond/millpond/handlers"
+	"github.com/millpond/millpond/internal/panicstack"
 	"github.com/millpond/millpond/outbox"
 )
 
@@ -67,7 +67,7 @@ func (g group) handle(msg *message.Message) (err error) {
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("group %s: panic: %v\n%s", g.name, r, debug.Stack())
+			err = fmt.Errorf("group %s: panic: %v\n%s", g.name, r, panicstack.Stack())
 		}
 	}()
 	if err := fn(msg, meta); err != nil {
