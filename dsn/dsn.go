@@ -134,9 +134,38 @@ func validScheme(s string) bool {
 	return true
 }
 
+// cutUserinfo reports an '@' after the authority of a URL (rest is what
+// follows "scheme://") where it can only be part of a user name or password
+// holding an unencoded '/', '?' or '#', which ended the authority early: in
+// the path or fragment, or in a query parameter's name. With anyQuery, an
+// '@' anywhere in the query counts too when the authority holds none (no
+// user): Redact then hides all before it, while Parse accepts such a
+// query value (a managed service's user@server name).
+func cutUserinfo(rest string, anyQuery bool) bool {
+	end := strings.IndexAny(rest, "/?#")
+	if end < 0 || !strings.Contains(rest[end:], "@") {
+		return false
+	}
+	authority, after := rest[:end], rest[end:]
+	after, fragment, _ := strings.Cut(after, "#")
+	path, query, _ := strings.Cut(after, "?")
+	if strings.Contains(path, "@") || strings.Contains(fragment, "@") {
+		return true
+	}
+	for param := range strings.SplitSeq(query, "&") {
+		if name, _, _ := strings.Cut(param, "="); strings.Contains(name, "@") {
+			return true
+		}
+	}
+	return anyQuery && !strings.Contains(authority, "@") && strings.Contains(query, "@")
+}
+
 // checkURL reports why a postgres or mysql URL cannot be used, without
 // quoting it.
 func checkURL(s string) error {
+	if i := strings.Index(s, "://"); i >= 0 && cutUserinfo(s[i+3:], false) {
+		return errors.New("has an '@' after its host: percent-encode '/', '?', '#' and '@' in the user name and password")
+	}
 	u, err := url.Parse(s)
 	if err != nil {
 		return errors.New("does not parse (check that special characters in the user and password are percent-encoded)")
@@ -189,6 +218,18 @@ func Redact(s string) string {
 	}
 	if (strings.EqualFold(scheme, "sqlite") || strings.EqualFold(scheme, "file")) && !strings.HasPrefix(rest, "//") {
 		return scheme + ":" + redactQuery(rest)
+	}
+	if i := strings.Index(trimmed, "://"); i >= 0 && cutUserinfo(trimmed[i+3:], true) {
+		// A user or password with an unencoded '/', '?' or '#': the
+		// authority ends inside it. Hide everything before the last '@'.
+		rest := trimmed[i+3:]
+		at := strings.LastIndexByte(rest, '@')
+		userinfo := Mask
+		if user, _, ok := strings.Cut(rest[:at], ":"); ok && !strings.ContainsAny(user, "/?#") {
+			userinfo = user + ":" + Mask
+		}
+		tail := Redact(scheme + "://" + rest[at+1:])
+		return scheme + "://" + userinfo + "@" + strings.TrimPrefix(tail, scheme+"://")
 	}
 	u, err := url.Parse(trimmed)
 	if err != nil {

@@ -169,3 +169,44 @@ func FuzzRedactHidesThePassword(f *testing.F) {
 		}
 	})
 }
+
+// TestUnencodedSeparatorInPassword: a password holding '#', '/' or '?'
+// that is not percent-encoded ends the URL's authority early, so the rest
+// of the password parses as a fragment, path or query (a port of its first
+// digits, if any): such addresses were printed whole. Redact hides
+// everything before the last '@', and Parse refuses those it can tell,
+// naming nothing of them, before a driver sees a password it would cut.
+func TestUnencodedSeparatorInPassword(t *testing.T) {
+	const secret = "Hunter2secret"
+	for _, c := range []struct {
+		in, want string
+		refused  bool
+	}{
+		{"postgres://u:12#" + secret + "@h:5432/db", "postgres://u:xxxxx@h:5432/db", true},
+		{"postgres://u:#" + secret + "@h/db?sslmode=disable", "postgres://u:xxxxx@h/db?sslmode=disable", true},
+		{"postgres://u:12/" + secret + "@h/db", "postgres://u:xxxxx@h/db", true},
+		{"postgres://u:12?" + secret + "@h/db", "postgres://u:xxxxx@h/db", true},
+		{"mysql://u:a@b#" + secret + "@h:3306/db", "mysql://u:xxxxx@h:3306/db", true},
+		{"mysql://u:a@b?" + secret + "@h:3306/db", "mysql://u:xxxxx@h:3306/db", true},
+		{"postgres://12#" + secret + "@h/db?password=" + secret, "postgres://xxxxx@h/db?password=xxxxx", true},
+		// A query value may hold an '@' (a user name of a managed
+		// service): accepted, and shown hidden when no user precedes it.
+		{"postgres://u:12?a=" + secret + "@h/db", "postgres://u:xxxxx@h/db", false},
+		{"postgres://h:5432/db?user=app@corp", "postgres://h:xxxxx@corp", false},
+		{"postgres://u:p@h/db?application_name=a@b", "postgres://u:xxxxx@h/db?application_name=a@b", false},
+	} {
+		got := Redact(c.in)
+		if got != c.want {
+			t.Errorf("Redact(%q) = %q, want %q", c.in, got, c.want)
+		}
+		a, err := Parse(c.in)
+		if c.refused != errors.Is(err, ErrUnsupported) {
+			t.Errorf("Parse(%s) = %v, %v; want refused %v", c.want, a, err, c.refused)
+		}
+		for _, out := range []string{fmt.Sprint(err), a.String(), fmt.Sprintf("%v %+v %#v", a, a, a)} {
+			if strings.Contains(out, "Hunter") {
+				t.Errorf("%s: printed the password: %s", c.want, out)
+			}
+		}
+	}
+}

@@ -243,6 +243,10 @@ func TestPasswordsNeverPrinted(t *testing.T) {
 		{"admin:" + secret + "@tcp(127.0.0.1:1)/db", exitUsage, "mysql://user:pass@host:3306/db"},
 		{"postgress://admin:" + secret + "@127.0.0.1/db", exitUsage, `unknown scheme "postgress"`},
 		{secret, exitUsage, "postgres://"},
+		// A password with an unencoded '#', '/' or '?' (the URL's
+		// authority would end inside it) is refused before connecting.
+		{"postgres://admin:12#" + secret + "@127.0.0.1:1/db", exitUsage, "percent-encode"},
+		{"mysql://admin:/" + secret + "@127.0.0.1:1/db", exitUsage, "percent-encode"},
 	}
 	for _, c := range cases {
 		for _, args := range [][]string{{"-db", c.addr, "stats"}, {"stats", "-db", c.addr}, {"migrate", "-db", c.addr}} {
