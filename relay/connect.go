@@ -24,6 +24,11 @@ func RedactURL(servers string) string {
 			parts[i] = p
 			continue
 		}
+		if cutUserinfo(p) {
+			scheme, rest, _ := strings.Cut(p, "://")
+			parts[i] = scheme + "://[REDACTED]" + rest[strings.LastIndex(rest, "@"):]
+			continue
+		}
 		u, err := url.Parse(p)
 		if err != nil {
 			parts[i] = "[REDACTED]"
@@ -36,6 +41,16 @@ func RedactURL(servers string) string {
 		}
 	}
 	return strings.Join(parts, ",")
+}
+
+// cutUserinfo reports a server URL with an '@' after its host: a user name
+// or password holding an unencoded '/', '?' or '#' ended the host part
+// early, and the rest of it parses as a path, query or fragment (a NATS
+// URL has no use for an '@' there).
+func cutUserinfo(server string) bool {
+	_, rest, ok := strings.Cut(server, "://")
+	end := strings.IndexAny(rest, "/?#")
+	return ok && end >= 0 && strings.Contains(rest[end:], "@")
 }
 
 // serverURLs splits a comma-separated list of NATS server URLs as nats.go
@@ -78,6 +93,10 @@ func Connect(servers string, opts ...nats.Option) (*nats.Conn, error) {
 	for i, p := range urls {
 		// Checked here because nats.go's own parse error quotes the URL,
 		// which cannot be scrubbed of a credential it cannot parse.
+		if cutUserinfo(p) {
+			return nil, fmt.Errorf("%w: NATS server URL %d of %d has an '@' after its host (percent-encode '/', '?', '#' and '@' in its user name and password)",
+				ErrInvalidConfig, i+1, len(urls))
+		}
 		if _, err := url.Parse(p); err != nil {
 			return nil, fmt.Errorf("%w: NATS server URL %d of %d does not parse (percent-encode reserved characters in its user name and password)",
 				ErrInvalidConfig, i+1, len(urls))

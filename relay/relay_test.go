@@ -446,3 +446,31 @@ func TestFailureTextHoldsNoKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestNATSPasswordWithUnencodedSeparator: a NATS URL whose password holds
+// an unencoded '/', '?' or '#' parses with the password's rest as a path,
+// query or fragment (its first digits as a port): RedactURL printed the
+// path, and Connect passed the URL to nats.go, whose errors then named it.
+// RedactURL hides everything before the last '@', and Connect refuses
+// such a URL with ErrInvalidConfig, naming nothing of it.
+func TestNATSPasswordWithUnencodedSeparator(t *testing.T) {
+	const secret = "Pw-s3cret"
+	for _, servers := range []string{
+		"nats://alice:12/" + secret + "@127.0.0.1:4222",
+		"nats://alice:#" + secret + "@127.0.0.1:4222",
+		"nats://alice:12?" + secret + "@127.0.0.1:4222",
+		"nats://127.0.0.1:4222,nats://alice:/" + secret + "@127.0.0.1:4223",
+		"alice:12/" + secret + "@127.0.0.1:4222",
+	} {
+		if got := relay.RedactURL(servers); strings.Contains(got, secret) || strings.Contains(got, "alice") || !strings.Contains(got, "127.0.0.1") {
+			t.Errorf("RedactURL(…) = %q: shows the credentials or hides the host", got)
+		}
+		nc, err := relay.Connect(servers, nats.Timeout(time.Second))
+		if err == nil {
+			nc.Close()
+		}
+		if !errors.Is(err, relay.ErrInvalidConfig) || strings.Contains(err.Error(), secret) || strings.Contains(err.Error(), "alice") {
+			t.Errorf("Connect(%s): %v, want ErrInvalidConfig without credentials", relay.RedactURL(servers), err)
+		}
+	}
+}
