@@ -1,6 +1,12 @@
 package outbox
 
-import "github.com/ThreeDotsLabs/watermill"
+import (
+	"strings"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/millpond/millpond/internal/panicstack"
+)
 
 // RedactedField is what RedactingLogger logs in place of a message UUID.
 const RedactedField = "[redacted]"
@@ -12,10 +18,11 @@ const uuidField = "message_uuid"
 
 // RedactingLogger wraps a Watermill logger so that the message UUIDs
 // Watermill's router, CQRS processors and middleware add to their log lines
-// ("message_uuid") are replaced by RedactedField. A message of an outbox
-// Subscriber carries the event key as its UUID, and event keys may hold
-// customer data (an email address, an order number), which never belongs in
-// logs. bus.New wraps its logger with it; wrap the logger of a Watermill
+// ("message_uuid") are replaced by RedactedField, and the stack of a panic
+// the router recovered is logged without its frames' argument values. A
+// message of an outbox Subscriber carries the event key as its UUID, and
+// event keys may hold customer data (an email address, an order number),
+// which never belongs in logs. bus.New wraps its logger with it; wrap the logger of a Watermill
 // router of your own that reads an outbox.Subscriber the same way:
 //
 //	router, err := message.NewRouter(message.RouterConfig{}, outbox.RedactingLogger(logger))
@@ -46,7 +53,18 @@ func redact(fields watermill.LogFields) watermill.LogFields {
 }
 
 func (r redactingLogger) Error(msg string, err error, fields watermill.LogFields) {
-	r.next.Error(msg, err, redact(fields))
+	r.next.Error(stripStack(msg), err, redact(fields))
+}
+
+// stripStack writes the argument lists of a goroutine traceback in msg as
+// "(...)": the router logs a recovered panic with its stack ("Panic
+// recovered in handler. Stack: goroutine 7 [running]: ..."), whose frames
+// show the words of their arguments, fields of the event among them.
+func stripStack(msg string) string {
+	if !strings.Contains(msg, "goroutine ") || !strings.Contains(msg, " [running]:") {
+		return msg
+	}
+	return panicstack.Strip(msg)
 }
 
 func (r redactingLogger) Info(msg string, fields watermill.LogFields) {
