@@ -15,6 +15,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -23,6 +26,7 @@ import (
 
 	"github.com/millpond/millpond/internal/gostack"
 	"github.com/millpond/millpond/internal/panicstack"
+	"github.com/millpond/millpond/internal/safetext"
 	"github.com/millpond/millpond/outbox"
 )
 
@@ -82,7 +86,9 @@ const (
 	DeadLetterSkip
 )
 
-// Meta describes the delivery of an event to a handler.
+// Meta describes the delivery of an event to a handler. String, GoString,
+// Format, LogValue and MarshalJSON hide its key, ordering key and metadata
+// values, so that a handler that logs its Meta logs none of them.
 type Meta struct {
 	// Key is the event's idempotency key (the Watermill message UUID).
 	Key string
@@ -103,6 +109,43 @@ type Meta struct {
 	OrderingSeq int64
 
 	msg *message.Message // the delivery, for AcknowledgeInTx
+}
+
+// redacted stands for a secret in Meta's descriptions.
+const redacted = "[REDACTED]"
+
+func redactIfSet(s string) string {
+	if s == "" {
+		return ""
+	}
+	return redacted
+}
+
+// String describes the delivery without its key, ordering key or metadata
+// values (the metadata's keys are listed).
+func (m Meta) String() string {
+	return fmt.Sprintf("Meta{Key:%s Kind:%s Attempt:%d EventID:%d MetadataKeys:%v OrderingKey:%s OrderingSeq:%d}",
+		redacted, m.Kind, m.Attempt, m.EventID, slices.Sorted(maps.Keys(m.Metadata)), redactIfSet(m.OrderingKey), m.OrderingSeq)
+}
+
+// GoString is String, so %#v redacts too.
+func (m Meta) GoString() string { return m.String() }
+
+// Format writes String for every verb (%q quotes it), so that no verb
+// prints the fields one by one.
+func (m Meta) Format(f fmt.State, verb rune) { safetext.Format(f, verb, m.String()) }
+
+// LogValue redacts the delivery for log/slog.
+func (m Meta) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("key", redacted), slog.String("kind", m.Kind), slog.Int("attempt", m.Attempt),
+		slog.Int64("event_id", m.EventID), slog.Any("metadata_keys", slices.Sorted(maps.Keys(m.Metadata))),
+		slog.String("ordering_key", redactIfSet(m.OrderingKey)), slog.Int64("ordering_seq", m.OrderingSeq))
+}
+
+// MarshalJSON redacts like LogValue.
+func (m Meta) MarshalJSON() ([]byte, error) {
+	return json.Marshal(map[string]any{"key": redacted, "kind": m.Kind, "attempt": m.Attempt, "event_id": m.EventID,
+		"metadata_keys": slices.Sorted(maps.Keys(m.Metadata)), "ordering_key": redactIfSet(m.OrderingKey), "ordering_seq": m.OrderingSeq})
 }
 
 // AcknowledgeInTx acknowledges this delivery inside the handler's own open

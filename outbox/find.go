@@ -2,17 +2,20 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"time"
 
+	"github.com/millpond/millpond/internal/safetext"
 	"github.com/millpond/millpond/internal/sqlcore"
 )
 
 // EventQuery selects the stored rows of one event for Store.FindEvents:
 // either the row with ID, or every row of the event with Key in Stream
 // (one per consumer group that received it). Give ID alone, or Stream and
-// Key; anything else is refused (ErrInvalidID or ErrInvalidKey).
+// Key; anything else is refused (ErrInvalidID or ErrInvalidKey). String,
+// GoString, Format, LogValue and MarshalJSON hide its stream and key.
 type EventQuery struct {
 	// ID selects one row by its id (as listed by ListDead or shown by
 	// the admin UI).
@@ -25,6 +28,34 @@ type EventQuery struct {
 
 // Validate checks that the query names an id or a stream and key.
 func (q EventQuery) Validate() error { return sqlcore.EventQuery(q).Validate() }
+
+// String describes the query without its stream or key.
+func (q EventQuery) String() string {
+	return fmt.Sprintf("EventQuery{ID:%d Stream:%s Key:%s}", q.ID, redactIfSet(q.Stream), redactIfSet(q.Key))
+}
+
+// GoString is String, so %#v redacts too.
+func (q EventQuery) GoString() string { return q.String() }
+
+// Format writes String for every verb (%q quotes it).
+func (q EventQuery) Format(f fmt.State, verb rune) { safetext.Format(f, verb, q.String()) }
+
+// LogValue redacts the query for log/slog.
+func (q EventQuery) LogValue() slog.Value {
+	return slog.GroupValue(slog.Int64("id", q.ID), slog.String("stream", redactIfSet(q.Stream)), slog.String("key", redactIfSet(q.Key)))
+}
+
+// MarshalJSON redacts like LogValue.
+func (q EventQuery) MarshalJSON() ([]byte, error) {
+	return json.Marshal(map[string]any{"id": q.ID, "stream": redactIfSet(q.Stream), "key": redactIfSet(q.Key)})
+}
+
+func redactIfSet(s string) string {
+	if s == "" {
+		return ""
+	}
+	return "[REDACTED]"
+}
 
 // EventRecord is one stored row of an event (one consumer group's
 // delivery), as Store.FindEvents returns it for operators. It never carries
