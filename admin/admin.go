@@ -30,7 +30,11 @@
 // X-Frame-Options DENY, nosniff, Referrer-Policy no-referrer and
 // Cache-Control no-store. Claim keys are never rendered; payloads and
 // metadata appear only in an event's detail page, and nothing of an event
-// but counts and ids is logged.
+// but counts and ids is logged. Event keys, streams and ordering keys are
+// shown (the UI is for operators, who need them); a lookup by key is a GET
+// form, so the key searched for is in that page's URL: in the browser's
+// history and in the access log of a server or proxy in front of the UI,
+// if it logs query strings.
 package admin
 
 import (
