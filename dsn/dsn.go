@@ -77,7 +77,10 @@ var keywordStart = regexp.MustCompile(`^\s*[A-Za-z_][A-Za-z0-9_]*\s*=`)
 var driverDSN = regexp.MustCompile(`@[a-z0-9]*\(`)
 
 // Parse checks an address and tells its dialect. The error wraps
-// ErrUnsupported and shows at most the address's scheme.
+// ErrUnsupported and shows at most the address's scheme. A URL with an '@'
+// in its path, fragment or a query parameter's name is refused: a user
+// name or password with an unencoded '/', '?' or '#' ends the host part
+// early, and a driver would cut the password there.
 func Parse(s string) (Address, error) {
 	trimmed := strings.TrimSpace(s)
 	if trimmed == "" {
