@@ -4,11 +4,15 @@
 -- rows, delivered_at 0 until delivery). millpond_outbox becomes a read-only
 -- view with the 0003 columns.
 --
--- MariaDB and MySQL commit each DDL statement on its own, so every step is
--- safe to run again after an interruption: while millpond_outbox is still a
--- table, the new tables are only a copy of it, emptied and filled again
--- (one INSERT ... SELECT each); once it is dropped, only the view is left
--- to create. Run it with the application stopped.
+-- MariaDB and MySQL commit each DDL statement on its own, so the old
+-- table is first renamed to millpond_outbox_0004 (RENAME waits for the
+-- transactions that use it): a replica of the previous version that writes
+-- millpond_outbox afterwards fails instead of committing a row after the
+-- copy, which the drop would lose. Every step is safe to run again after an
+-- interruption: while millpond_outbox_0004 exists, the new tables are only
+-- a copy of it, emptied and filled again (one INSERT ... SELECT each); once
+-- it is dropped, only the view is left to create. Run it with the
+-- application stopped.
 CREATE TABLE IF NOT EXISTS millpond_events (
     id           BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
     created_at   BIGINT NOT NULL,
@@ -40,33 +44,40 @@ CREATE TABLE IF NOT EXISTS millpond_deliveries (
     KEY millpond_deliveries_delivered_idx (status, delivered_at),
     KEY millpond_deliveries_blocked_idx (stream, consumer_group, ordering_key, status, ordering_seq)
 ) ENGINE=InnoDB;
-SET @millpond_step = IF((SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'millpond_outbox' AND TABLE_TYPE = 'BASE TABLE'),
+SET @millpond_step = IF((SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'millpond_outbox' AND TABLE_TYPE = 'BASE TABLE') > 0
+    AND (SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'millpond_outbox_0004') = 0,
+    'RENAME TABLE millpond_outbox TO millpond_outbox_0004',
+    'DO 0');
+PREPARE millpond_stmt FROM @millpond_step;
+EXECUTE millpond_stmt;
+DEALLOCATE PREPARE millpond_stmt;
+SET @millpond_step = IF((SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'millpond_outbox_0004'),
     'TRUNCATE TABLE millpond_deliveries',
     'DO 0');
 PREPARE millpond_stmt FROM @millpond_step;
 EXECUTE millpond_stmt;
 DEALLOCATE PREPARE millpond_stmt;
-SET @millpond_step = IF((SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'millpond_outbox' AND TABLE_TYPE = 'BASE TABLE'),
+SET @millpond_step = IF((SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'millpond_outbox_0004'),
     'TRUNCATE TABLE millpond_events',
     'DO 0');
 PREPARE millpond_stmt FROM @millpond_step;
 EXECUTE millpond_stmt;
 DEALLOCATE PREPARE millpond_stmt;
-SET @millpond_step = IF((SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'millpond_outbox' AND TABLE_TYPE = 'BASE TABLE'),
+SET @millpond_step = IF((SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'millpond_outbox_0004'),
     'INSERT INTO millpond_events (id, created_at, stream, event_key, event_kind, content_hash, metadata, payload)
 SELECT o.id, o.created_at, o.stream, o.event_key, o.event_kind, o.content_hash, o.metadata, o.payload
-FROM millpond_outbox o JOIN (SELECT MIN(id) AS id FROM millpond_outbox GROUP BY stream, event_key) f ON f.id = o.id
+FROM millpond_outbox_0004 o JOIN (SELECT MIN(id) AS id FROM millpond_outbox_0004 GROUP BY stream, event_key) f ON f.id = o.id
 ORDER BY o.id',
     'DO 0');
 PREPARE millpond_stmt FROM @millpond_step;
 EXECUTE millpond_stmt;
 DEALLOCATE PREPARE millpond_stmt;
-SET @millpond_step = IF((SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'millpond_outbox' AND TABLE_TYPE = 'BASE TABLE'),
+SET @millpond_step = IF((SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'millpond_outbox_0004'),
     'INSERT INTO millpond_deliveries (id, event_id, stream, consumer_group, status, attempts, claimed_by, claim_key,
     available_at, delivered_at, last_error, ordering_key, ordering_seq, key_released)
 SELECT o.id, e.id, o.stream, o.consumer_group, o.status, o.attempts, o.claimed_by, o.claim_key,
     o.available_at, COALESCE(o.delivered_at, 0), o.last_error, o.ordering_key, o.ordering_seq, o.key_released
-FROM millpond_outbox o JOIN millpond_events e ON e.stream = o.stream AND e.event_key = o.event_key
+FROM millpond_outbox_0004 o JOIN millpond_events e ON e.stream = o.stream AND e.event_key = o.event_key
 ORDER BY o.id',
     'DO 0');
 PREPARE millpond_stmt FROM @millpond_step;
@@ -75,19 +86,19 @@ DEALLOCATE PREPARE millpond_stmt;
 SET @millpond_step = (SELECT IF(COUNT(*) > 0 AND MAX(AUTO_INCREMENT) IS NOT NULL,
     CONCAT('ALTER TABLE millpond_deliveries AUTO_INCREMENT = ', MAX(AUTO_INCREMENT)),
     'DO 0')
-    FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'millpond_outbox' AND TABLE_TYPE = 'BASE TABLE');
+    FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'millpond_outbox_0004');
 PREPARE millpond_stmt FROM @millpond_step;
 EXECUTE millpond_stmt;
 DEALLOCATE PREPARE millpond_stmt;
 SET @millpond_step = (SELECT IF(COUNT(*) > 0 AND MAX(AUTO_INCREMENT) IS NOT NULL,
     CONCAT('ALTER TABLE millpond_events AUTO_INCREMENT = ', MAX(AUTO_INCREMENT)),
     'DO 0')
-    FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'millpond_outbox' AND TABLE_TYPE = 'BASE TABLE');
+    FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'millpond_outbox_0004');
 PREPARE millpond_stmt FROM @millpond_step;
 EXECUTE millpond_stmt;
 DEALLOCATE PREPARE millpond_stmt;
-SET @millpond_step = IF((SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'millpond_outbox' AND TABLE_TYPE = 'BASE TABLE'),
-    'DROP TABLE millpond_outbox',
+SET @millpond_step = IF((SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'millpond_outbox_0004'),
+    'DROP TABLE millpond_outbox_0004',
     'DO 0');
 PREPARE millpond_stmt FROM @millpond_step;
 EXECUTE millpond_stmt;

@@ -17,7 +17,9 @@
 -- queries written against the old layout.
 --
 -- The copy is set-based (one INSERT ... SELECT per table) and runs only
--- while millpond_outbox is still a table, so the step can run again.
+-- while millpond_outbox is still a table, so the step can run again. The
+-- old table is locked against every other session from the copy to the
+-- commit.
 CREATE TABLE IF NOT EXISTS millpond_events (
     id           BIGSERIAL PRIMARY KEY,
     created_at   BIGINT NOT NULL,
@@ -50,6 +52,11 @@ CREATE TABLE IF NOT EXISTS millpond_deliveries (
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_class WHERE oid = to_regclass('millpond_outbox') AND relkind = 'r') THEN
+        -- Locked before the copy, until the step commits: a replica of the
+        -- previous version that writes the table meanwhile waits, and its
+        -- statement then fails on the view. Without the lock, a row it
+        -- committed after the copy's snapshot was dropped with the table.
+        LOCK TABLE millpond_outbox IN ACCESS EXCLUSIVE MODE;
         -- An event's rows share its content; the event takes the id of its
         -- first row.
         INSERT INTO millpond_events (id, created_at, stream, event_key, event_kind, content_hash, metadata, payload)

@@ -35,6 +35,11 @@ CREATE TABLE IF NOT EXISTS millpond_deliveries (
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_class WHERE oid = to_regclass('millpond_outbox') AND relkind = 'r') THEN
+        -- Locked before the copy, until the step commits: a replica of the
+        -- previous version that writes the table meanwhile waits, and its
+        -- statement then fails on the view. Without the lock, a row it
+        -- committed after the copy's snapshot was dropped with the table.
+        LOCK TABLE millpond_outbox IN ACCESS EXCLUSIVE MODE;
         -- An event's rows share its content; the event takes the id of its
         -- first row.
         INSERT INTO millpond_events (id, created_at, stream, event_key, event_kind, content_hash, metadata, payload)

@@ -1,0 +1,219 @@
+package tests
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/millpond/millpond/internal/testdb"
+	"github.com/millpond/millpond/outbox"
+	mysqlstore "github.com/millpond/millpond/outbox/mysql"
+	"github.com/millpond/millpond/outbox/postgres"
+	"github.com/millpond/millpond/outbox/sqlite"
+)
+
+// A rolling update runs replicas of the previous version, which write the
+// millpond_outbox table, while the first replica of the new one runs
+// migration 0004 (or a tool runs it in its own transaction). Every enqueue
+// of an old replica must either be kept by the migration or fail in the
+// replica's own transaction (the order is refused, not silently lost): an
+// old writer's row committed after the copy and before the drop of the old
+// table used to be dropped with it.
+
+// insertV3 writes one millpond_outbox row of the 0003 layout, as a
+// replica of the previous version enqueues.
+func insertV3(ctx context.Context, ex interface {
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+}, dialect, key string) error {
+	cols := "stream, consumer_group, event_key, event_kind, payload, metadata, content_hash, status, attempts, available_at, created_at"
+	vals := "?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
+	payload := []byte("payload of " + key)
+	args := []any{"m4", "billing", key, "Placed", payload, "{}", contentHashOf("Placed", payload, ""), "pending", 0, v4Base, v4Base}
+	_, err := ex.ExecContext(ctx, rebind(dialect, "INSERT INTO millpond_outbox ("+cols+") VALUES ("+vals+")"), args...)
+	return err
+}
+
+func openV3Store(t *testing.T, db *testdb.Database) *outbox.Store {
+	t.Helper()
+	var s *outbox.Store
+	var err error
+	switch db.Dialect {
+	case "postgres":
+		s, err = postgres.New(db.Pool, outbox.WithoutListen())
+	case "mysql":
+		s, err = mysqlstore.New(db.SQL)
+	default:
+		s, err = sqlite.New(db.SQL)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	installVersion3(t, s.SQLDB(), db.Dialect)
+	return s
+}
+
+// TestMigration0004KeepsAnOldReplicasInFlightEnqueue: an old replica's
+// transaction has written its row but not committed when the migration
+// starts. The migration must wait for it and copy the row.
+func TestMigration0004KeepsAnOldReplicasInFlightEnqueue(t *testing.T) {
+	for _, dialect := range []string{"postgres", "mysql"} {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := testdb.New(t, dialect)
+			s := openV3Store(t, db)
+			sdb := s.SQLDB()
+			writeVersion3(t, sdb, dialect, v4Rows())
+			before := len(dumpOutbox(t, sdb, dialect))
+
+			old, err := sdb.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer old.Rollback()
+			if err := insertV3(ctx, old, dialect, "in-flight"); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- s.Migrate(ctx) }()
+			waitForLockWait(t, sdb, dialect, done)
+			if err := old.Commit(); err != nil {
+				// Refused in its own transaction: the order is not taken,
+				// nothing is lost.
+				t.Logf("the old replica's commit failed: %v", err)
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("migrate: %v", err)
+			}
+			after := dumpOutbox(t, sdb, dialect)
+			if len(after) != before+1 {
+				t.Errorf("after the migration the view has %d rows, want %d (the old replica's committed enqueue was dropped)", len(after), before+1)
+			}
+			// The old replica's next enqueue fails loudly.
+			if err := insertV3(ctx, sdb, dialect, "after"); err == nil {
+				t.Errorf("an old replica's enqueue into the migrated schema succeeded")
+			}
+		})
+	}
+}
+
+// waitForLockWait returns once the migration waits for a lock that another
+// session (the old replica) holds, or fails the test after 10 s.
+func waitForLockWait(t *testing.T, db *sql.DB, dialect string, done chan error) {
+	t.Helper()
+	q := map[string]string{
+		"postgres": "SELECT COUNT(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE NOT l.granted AND a.datname = current_database() AND a.application_name = current_setting('application_name')",
+		"mysql":    "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND (STATE LIKE 'Waiting for%lock%' OR STATE LIKE '%lock wait%' OR STATE = 'Sending data' AND INFO LIKE 'INSERT INTO millpond_%') AND INFO IS NOT NULL AND INFO NOT LIKE '%PROCESSLIST%'",
+	}[dialect]
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-done:
+			done <- err
+			t.Logf("the migration finished without waiting for the old replica (%v)", err)
+			return
+		default:
+		}
+		var n int
+		if err := db.QueryRow(q).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			time.Sleep(100 * time.Millisecond)
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("the migration did not wait for the old replica's transaction")
+}
+
+// TestMigration0004UnderOldWriters: old replicas enqueue in a loop while
+// the migration runs over a table of some thousands of rows. Every enqueue
+// that committed is in the migrated schema.
+func TestMigration0004UnderOldWriters(t *testing.T) {
+	for _, dialect := range testdb.Dialects {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := testdb.New(t, dialect)
+			s := openV3Store(t, db)
+			sdb := s.SQLDB()
+			tx, err := sdb.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const preexisting = 20_000
+			for i := range preexisting {
+				if err := insertV3(ctx, tx, dialect, fmt.Sprintf("old-%d", i)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+
+			var committed sync.Map
+			var stop atomic.Bool
+			var wg sync.WaitGroup
+			writers := 8
+			if dialect == "sqlite" {
+				writers = 2
+			}
+			var seq atomic.Int64
+			for range writers {
+				wg.Go(func() {
+					for !stop.Load() {
+						key := fmt.Sprintf("live-%d", seq.Add(1))
+						if err := insertV3(ctx, sdb, dialect, key); err == nil {
+							committed.Store(key, true)
+						}
+					}
+				})
+			}
+			time.Sleep(50 * time.Millisecond)
+			if err := s.Migrate(ctx); err != nil {
+				t.Fatalf("migrate: %v", err)
+			}
+			time.Sleep(200 * time.Millisecond)
+			stop.Store(true)
+			wg.Wait()
+
+			have := map[string]bool{}
+			rows, err := sdb.QueryContext(ctx, "SELECT event_key FROM millpond_events WHERE event_key LIKE 'live-%'")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for rows.Next() {
+				var k string
+				if err := rows.Scan(&k); err != nil {
+					t.Fatal(err)
+				}
+				have[k] = true
+			}
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+			rows.Close()
+			var n, lost int
+			committed.Range(func(k, _ any) bool {
+				n++
+				if !have[k.(string)] {
+					lost++
+				}
+				return true
+			})
+			t.Logf("%d enqueues of the old replicas committed during the migration", n)
+			if lost > 0 {
+				t.Errorf("%d of the %d enqueues the old replicas committed are not in the migrated schema", lost, n)
+			}
+			if got := db.Count(t, "SELECT COUNT(*) FROM millpond_deliveries"); got != int64(preexisting+n) {
+				t.Errorf("%d delivery rows, want %d", got, preexisting+n)
+			}
+		})
+	}
+}
