@@ -93,9 +93,12 @@ PREPARE millpond_stmt FROM @millpond_step;
 EXECUTE millpond_stmt;
 DEALLOCATE PREPARE millpond_stmt;
 CREATE OR REPLACE VIEW millpond_outbox AS
-SELECT d.id, d.stream, d.consumer_group, e.event_key, e.event_kind, e.payload, e.metadata, e.content_hash,
-    d.status, d.attempts, d.claimed_by, d.claim_key, d.available_at, e.created_at, NULLIF(d.delivered_at, 0) AS delivered_at,
-    d.last_error, d.ordering_key, d.ordering_seq, d.key_released
+SELECT d.id, d.stream, d.consumer_group, e.event_key, COALESCE(e.event_kind) AS event_kind, COALESCE(e.payload) AS payload,
+    COALESCE(e.metadata) AS metadata, COALESCE(e.content_hash) AS content_hash,
+    COALESCE(d.status) AS status, COALESCE(d.attempts) AS attempts, COALESCE(d.claimed_by) AS claimed_by,
+    COALESCE(d.claim_key) AS claim_key, COALESCE(d.available_at) AS available_at, COALESCE(e.created_at) AS created_at,
+    NULLIF(d.delivered_at, 0) AS delivered_at, COALESCE(d.last_error) AS last_error, d.ordering_key,
+    COALESCE(d.ordering_seq) AS ordering_seq, COALESCE(d.key_released) AS key_released
 FROM millpond_deliveries d LEFT JOIN millpond_events e ON e.id = d.event_id;
 
 -- +goose Down
