@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"io/fs"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -268,5 +269,46 @@ func TestOldReplicaCannotWriteTheView(t *testing.T) {
 			}
 			compareDumps(t, "the view after the old replica's writes", dumpOutbox(t, sdb, dialect), before)
 		})
+	}
+}
+
+// TestMigration0004DownKeepsAnInFlightEnqueue: rolling back with the down
+// step of 0004 (goose, golang-migrate) while a replica of the new version
+// still enqueues. On PostgreSQL its transaction in flight is waited for
+// and copied into the old table; a later one fails on the old layout.
+func TestMigration0004DownKeepsAnInFlightEnqueue(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.New(t, "postgres")
+	s := db.Store(t)
+	sdb := s.SQLDB()
+	tx, commit, rollback := db.Begin(t)
+	defer rollback()
+	if _, err := s.Enqueue(ctx, tx, outbox.Event{Stream: "m4", Key: "in-flight", Kind: "Placed", Payload: []byte("{}")}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		fsys, err := outbox.MigrationsFS("postgres")
+		if err != nil {
+			done <- err
+			return
+		}
+		body, err := fs.ReadFile(fsys, "0004_shared_events.down.sql")
+		if err != nil {
+			done <- err
+			return
+		}
+		_, err = sdb.ExecContext(ctx, string(body))
+		done <- err
+	}()
+	waitForLockWait(t, sdb, "postgres", done)
+	if err := commit(); err != nil {
+		t.Logf("the new replica's commit failed: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("down: %v", err)
+	}
+	if n := db.Count(t, "SELECT COUNT(*) FROM millpond_outbox WHERE event_key = 'in-flight'"); n != 1 {
+		t.Errorf("after the down step the old table has %d rows of the new replica's committed enqueue, want 1", n)
 	}
 }

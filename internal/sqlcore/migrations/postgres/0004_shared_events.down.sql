@@ -4,6 +4,10 @@
 DO $$
 BEGIN
     IF to_regclass('millpond_deliveries') IS NOT NULL THEN
+        -- Locked before the copy, until the step commits: a writer of the
+        -- new layout still running waits, then fails; without the lock a
+        -- row it committed after the copy was dropped with the tables.
+        LOCK TABLE millpond_events, millpond_deliveries IN ACCESS EXCLUSIVE MODE;
         DROP VIEW IF EXISTS millpond_outbox;
         CREATE TABLE millpond_outbox (
             id             BIGSERIAL PRIMARY KEY,
