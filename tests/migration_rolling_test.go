@@ -12,6 +12,7 @@ import (
 
 	"github.com/millpond/millpond/internal/testdb"
 	"github.com/millpond/millpond/outbox"
+	"github.com/millpond/millpond/outbox/anydb"
 	mysqlstore "github.com/millpond/millpond/outbox/mysql"
 	"github.com/millpond/millpond/outbox/postgres"
 	"github.com/millpond/millpond/outbox/sqlite"
@@ -310,5 +311,53 @@ func TestMigration0004DownKeepsAnInFlightEnqueue(t *testing.T) {
 	}
 	if n := db.Count(t, "SELECT COUNT(*) FROM millpond_outbox WHERE event_key = 'in-flight'"); n != 1 {
 		t.Errorf("after the down step the old table has %d rows of the new replica's committed enqueue, want 1", n)
+	}
+}
+
+// TestConcurrentUpgradeFromVersion3: the replicas of a new version start
+// together on a version-3 schema with rows and each runs Migrate. Every
+// replica succeeds, every row is kept and each step is recorded once.
+func TestConcurrentUpgradeFromVersion3(t *testing.T) {
+	for _, dialect := range testdb.Dialects {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := testdb.New(t, dialect)
+			s := openV3Store(t, db)
+			writeVersion3(t, s.SQLDB(), dialect, v4Rows())
+			want := dumpOutbox(t, s.SQLDB(), dialect)
+			stores := make([]*outbox.Store, 4)
+			for i := range stores {
+				r, err := anydb.Open(ctx, db.URL, outbox.WithoutListen())
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { r.Close() })
+				stores[i] = r
+			}
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			errs := make([]error, len(stores))
+			for i, r := range stores {
+				wg.Go(func() {
+					<-start
+					errs[i] = r.Migrate(ctx)
+				})
+			}
+			close(start)
+			wg.Wait()
+			for i, err := range errs {
+				if err != nil {
+					t.Errorf("replica %d: Migrate: %v", i, err)
+				}
+			}
+			if err := stores[0].CheckSchema(ctx); err != nil {
+				t.Errorf("schema after the replicas' migrations: %v", err)
+			}
+			compareDumps(t, "the view after the concurrent upgrade", dumpOutbox(t, s.SQLDB(), dialect), want)
+			if n, distinct := db.Count(t, "SELECT COUNT(*) FROM millpond_schema_migrations"), db.Count(t, "SELECT COUNT(DISTINCT version) FROM millpond_schema_migrations"); n != distinct {
+				t.Errorf("%d migration records for %d versions", n, distinct)
+			}
+		})
 	}
 }
