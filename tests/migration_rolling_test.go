@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"io/fs"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -358,6 +359,77 @@ func TestConcurrentUpgradeFromVersion3(t *testing.T) {
 			if n, distinct := db.Count(t, "SELECT COUNT(*) FROM millpond_schema_migrations"), db.Count(t, "SELECT COUNT(DISTINCT version) FROM millpond_schema_migrations"); n != distinct {
 				t.Errorf("%d migration records for %d versions", n, distinct)
 			}
+		})
+	}
+}
+
+// TestMigration0004KilledMidCopy: the replica running migration 0004 dies
+// while it copies (its connection killed from another one). Run again, the
+// migration completes with every row. MariaDB has committed the rename and
+// part of the copy; PostgreSQL has rolled the step back.
+func TestMigration0004KilledMidCopy(t *testing.T) {
+	cases := []struct{ dialect, statement string }{
+		{"mysql", "INSERT INTO millpond_events"},
+		{"mysql", "INSERT INTO millpond_deliveries"},
+		{"postgres", "stored once (millpond_events)"}, // the head of the step: pg_stat_activity keeps 1 kB
+	}
+	for _, c := range cases {
+		t.Run(c.dialect+"-"+strings.Trim(strings.Fields(c.statement)[len(strings.Fields(c.statement))-1], "()"), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := testdb.New(t, c.dialect)
+			s := openV3Store(t, db)
+			sdb := s.SQLDB()
+			tx, err := sdb.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range 20_000 {
+				if err := insertV3(ctx, tx, c.dialect, fmt.Sprintf("old-%d", i)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			writeVersion3(t, sdb, c.dialect, v4Rows())
+			want := dumpOutbox(t, sdb, c.dialect)
+
+			done := make(chan error, 1)
+			go func() { done <- s.Migrate(ctx) }()
+			find := map[string]string{
+				"mysql":    "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO LIKE ?",
+				"postgres": "SELECT pid FROM pg_stat_activity WHERE application_name = current_setting('application_name') AND pid <> pg_backend_pid() AND backend_type = 'client backend' AND query LIKE $1",
+			}[c.dialect]
+			kill := map[string]string{"mysql": "KILL CONNECTION ?", "postgres": "SELECT pg_terminate_backend($1)"}[c.dialect]
+			killed := false
+			for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && !killed; {
+				var id int64
+				err := sdb.QueryRowContext(ctx, find, "%"+c.statement+"%").Scan(&id)
+				if err == sql.ErrNoRows {
+					time.Sleep(time.Millisecond)
+					continue
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := sdb.ExecContext(ctx, kill, id); err != nil {
+					t.Fatal(err)
+				}
+				killed = true
+			}
+			if !killed {
+				t.Fatalf("never saw the migration run %q", c.statement)
+			}
+			if err := <-done; err == nil {
+				t.Fatalf("the killed migration reported success")
+			} else {
+				t.Logf("killed migration: %v", err)
+			}
+			if err := s.Migrate(ctx); err != nil {
+				t.Fatalf("migrate again: %v", err)
+			}
+			compareDumps(t, "the view after the re-run", dumpOutbox(t, sdb, c.dialect), want)
 		})
 	}
 }
