@@ -57,7 +57,11 @@ type Config struct {
 	// in a local file. The store logs its dialect and the address with the
 	// password hidden when it opens.
 	DatabaseURL string
-	// AutoMigrate runs Store.Migrate on start.
+	// AutoMigrate runs Store.Migrate on start. Replicas starting together
+	// migrate once, under the migration lock. A migration that replaces
+	// the layout (0004, upgrading from 0.1.0) needs the previous version
+	// stopped first: its replicas fail to enqueue once it ran (see the
+	// README, "Upgrading from 0.1.0").
 	AutoMigrate bool
 	// OpenTimeout bounds connecting on construction (default 10 s;
 	// negative is refused with ErrInvalidConfig).
