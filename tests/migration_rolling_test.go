@@ -433,3 +433,84 @@ func TestMigration0004KilledMidCopy(t *testing.T) {
 		})
 	}
 }
+
+// TestMigration0004DownUnderNewWriters: rolling back on MariaDB with the
+// down steps (goose, golang-migrate) while replicas of the new version
+// still enqueue. Every enqueue they committed is in the rebuilt table.
+func TestMigration0004DownUnderNewWriters(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.New(t, "mysql")
+	s := db.Store(t)
+	tx, commit, rollback := db.Begin(t)
+	for i := range 20_000 {
+		if _, err := s.Enqueue(ctx, tx, outbox.Event{Stream: "m4", Key: fmt.Sprintf("old-%d", i), Kind: "Placed", Payload: []byte("{}")}); err != nil {
+			rollback()
+			t.Fatal(err)
+		}
+	}
+	if err := commit(); err != nil {
+		t.Fatal(err)
+	}
+	var committed sync.Map
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	var seq atomic.Int64
+	for range 8 {
+		wg.Go(func() {
+			for !stop.Load() {
+				key := fmt.Sprintf("live-%d", seq.Add(1))
+				tx, commit, rollback, err := db.TryBegin()
+				if err != nil {
+					continue
+				}
+				if _, err := s.Enqueue(ctx, tx, outbox.Event{Stream: "m4", Key: key, Kind: "Placed", Payload: []byte("{}")}); err != nil {
+					rollback()
+					continue
+				}
+				if commit() == nil {
+					committed.Store(key, true)
+				}
+			}
+		})
+	}
+	time.Sleep(50 * time.Millisecond)
+	sdb := s.SQLDB()
+	for _, name := range []string{"0007_claim_keeps_index.down.sql", "0005_status_off_indexes.down.sql", "0004_shared_events.down.sql"} {
+		for _, stmt := range mysqlStatements(t, name) {
+			if _, err := sdb.ExecContext(ctx, stmt); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	stop.Store(true)
+	wg.Wait()
+	have := map[string]bool{}
+	rows, err := sdb.QueryContext(ctx, "SELECT event_key FROM millpond_outbox WHERE event_key LIKE 'live-%'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			t.Fatal(err)
+		}
+		have[k] = true
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	rows.Close()
+	var n, lost int
+	committed.Range(func(k, _ any) bool {
+		n++
+		if !have[k.(string)] {
+			lost++
+		}
+		return true
+	})
+	t.Logf("%d enqueues of the new replicas committed during the down steps", n)
+	if lost > 0 {
+		t.Errorf("%d of the %d enqueues the new replicas committed are not in the rebuilt table", lost, n)
+	}
+}
