@@ -186,30 +186,7 @@ func TestMigration0004UnderOldWriters(t *testing.T) {
 			stop.Store(true)
 			wg.Wait()
 
-			have := map[string]bool{}
-			rows, err := sdb.QueryContext(ctx, "SELECT event_key FROM millpond_events WHERE event_key LIKE 'live-%'")
-			if err != nil {
-				t.Fatal(err)
-			}
-			for rows.Next() {
-				var k string
-				if err := rows.Scan(&k); err != nil {
-					t.Fatal(err)
-				}
-				have[k] = true
-			}
-			if err := rows.Err(); err != nil {
-				t.Fatal(err)
-			}
-			rows.Close()
-			var n, lost int
-			committed.Range(func(k, _ any) bool {
-				n++
-				if !have[k.(string)] {
-					lost++
-				}
-				return true
-			})
+			n, lost := lostEnqueues(t, ctx, sdb, "millpond_events", &committed)
 			t.Logf("%d enqueues of the old replicas committed during the migration", n)
 			if lost > 0 {
 				t.Errorf("%d of the %d enqueues the old replicas committed are not in the migrated schema", lost, n)
@@ -485,11 +462,23 @@ func TestMigration0004DownUnderNewWriters(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	stop.Store(true)
 	wg.Wait()
+	n, lost := lostEnqueues(t, ctx, sdb, "millpond_outbox", &committed)
+	t.Logf("%d enqueues of the new replicas committed during the down steps", n)
+	if lost > 0 {
+		t.Errorf("%d of the %d enqueues the new replicas committed are not in the rebuilt table", lost, n)
+	}
+}
+
+// lostEnqueues counts the keys in committed (the "live-" enqueues that
+// writers saw commit) and those of them table does not hold.
+func lostEnqueues(t *testing.T, ctx context.Context, sdb *sql.DB, table string, committed *sync.Map) (n, lost int) {
+	t.Helper()
 	have := map[string]bool{}
-	rows, err := sdb.QueryContext(ctx, "SELECT event_key FROM millpond_outbox WHERE event_key LIKE 'live-%'")
+	rows, err := sdb.QueryContext(ctx, "SELECT event_key FROM "+table+" WHERE event_key LIKE 'live-%'")
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer rows.Close()
 	for rows.Next() {
 		var k string
 		if err := rows.Scan(&k); err != nil {
@@ -500,8 +489,6 @@ func TestMigration0004DownUnderNewWriters(t *testing.T) {
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	rows.Close()
-	var n, lost int
 	committed.Range(func(k, _ any) bool {
 		n++
 		if !have[k.(string)] {
@@ -509,8 +496,5 @@ func TestMigration0004DownUnderNewWriters(t *testing.T) {
 		}
 		return true
 	})
-	t.Logf("%d enqueues of the new replicas committed during the down steps", n)
-	if lost > 0 {
-		t.Errorf("%d of the %d enqueues the new replicas committed are not in the rebuilt table", lost, n)
-	}
+	return n, lost
 }
