@@ -223,6 +223,12 @@ func Redact(s string) string {
 		return scheme + ":" + redactQuery(rest)
 	}
 	if i := strings.Index(trimmed, "://"); i >= 0 && cutUserinfo(trimmed[i+3:], true) {
+		// An '@' in a secret parameter's value is not the end of a user's
+		// password: hide the value first, or its rest would follow the
+		// last '@' below.
+		trimmed = trimmed[:i+3] + maskSecretValues(trimmed[i+3:])
+	}
+	if i := strings.Index(trimmed, "://"); i >= 0 && cutUserinfo(trimmed[i+3:], true) {
 		// A user or password with an unencoded '/', '?' or '#': the
 		// authority ends inside it. Hide everything before the last '@'.
 		rest := trimmed[i+3:]
@@ -254,6 +260,23 @@ func Redact(s string) string {
 		u.User = url.UserPassword(u.User.Username(), Mask)
 	}
 	return u.String()
+}
+
+// maskSecretValues replaces, as written, the value of every secret
+// parameter in the query of rest (what follows "scheme://"), up to the next
+// '&': a '#' there is taken for part of the value, not a fragment.
+func maskSecretValues(rest string) string {
+	head, query, ok := strings.Cut(rest, "?")
+	if !ok {
+		return rest
+	}
+	params := strings.Split(query, "&")
+	for i, p := range params {
+		if name, _, ok := strings.Cut(p, "="); ok && secretParam(name) {
+			params[i] = name + "=" + Mask
+		}
+	}
+	return head + "?" + strings.Join(params, "&")
 }
 
 // redactQuery hides secret parameters of a path?query string.

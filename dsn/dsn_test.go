@@ -210,3 +210,23 @@ func TestUnencodedSeparatorInPassword(t *testing.T) {
 		}
 	}
 }
+
+// TestRedactSecretQueryValueWithAt: with no user before the host, an '@'
+// in a query value makes Redact hide everything before the last '@'; when
+// that '@' is inside a password parameter, the password's rest followed it.
+func TestRedactSecretQueryValueWithAt(t *testing.T) {
+	for _, in := range []string{
+		"postgres://h/db?password=p@Hunter2&sslmode=disable",
+		"postgres://h:5432/db?user=app@corp&password=s3cr@Hunter2",
+		"postgresql:///db?host=/var/run/postgresql&password=a@Hunter2",
+		"mysql://h:3306/db?password=p@Hunter2",
+		"postgres://u:12/x@h/db?password=p@Hunter2",
+	} {
+		a, _ := Parse(in)
+		for _, out := range []string{Redact(in), a.String()} {
+			if strings.Contains(out, "Hunter") {
+				t.Errorf("Redact(%q) = %q shows the password", in, out)
+			}
+		}
+	}
+}
