@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -32,7 +33,7 @@ func parseRetention(s string) (time.Duration, error) {
 	var days time.Duration
 	if i := strings.IndexByte(rest, 'd'); i >= 0 {
 		n, err := strconv.ParseUint(rest[:i], 10, 31)
-		if err != nil || i == 0 {
+		if err != nil || i == 0 || n > math.MaxInt64/uint64(24*time.Hour) {
 			return 0, errRetention
 		}
 		days, rest = time.Duration(n)*24*time.Hour, rest[i+1:]
@@ -47,7 +48,7 @@ func parseRetention(s string) (time.Duration, error) {
 	if err != nil {
 		return 0, errRetention
 	}
-	if d < 0 && days > 0 {
+	if d < 0 && days > 0 || d > math.MaxInt64-days {
 		return 0, errRetention
 	}
 	return days + d, nil

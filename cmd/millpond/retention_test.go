@@ -41,3 +41,17 @@ func TestPurgeTakesDays(t *testing.T) {
 		t.Errorf("purge -older-than 7x: code %d, stderr %q; want a usage error naming the accepted forms", code, stderr)
 	}
 }
+
+// TestParseRetentionOverflow: a number of days beyond time.Duration's range
+// (about 292 years) wrapped around, into a negative horizon or a short
+// positive one that would purge recent events.
+func TestParseRetentionOverflow(t *testing.T) {
+	for _, in := range []string{"106752d", "213504d", "250000d", "106751d24h", "106751d2562047h"} {
+		if got, err := parseRetention(in); err == nil {
+			t.Errorf("parseRetention(%q) = %v, want an error", in, got)
+		}
+	}
+	if got, err := parseRetention("106751d"); err != nil || got != 106751*24*time.Hour {
+		t.Errorf("parseRetention(106751d) = %v, %v", got, err)
+	}
+}
