@@ -219,16 +219,19 @@ func Redact(s string) string {
 	if !ok || !validScheme(scheme) {
 		return "[unrecognised database address]"
 	}
-	if (strings.EqualFold(scheme, "sqlite") || strings.EqualFold(scheme, "file")) && !strings.HasPrefix(rest, "//") {
+	sqlite := strings.EqualFold(scheme, "sqlite") || strings.EqualFold(scheme, "file")
+	if sqlite && !strings.HasPrefix(rest, "//") {
 		return scheme + ":" + redactQuery(rest)
 	}
-	if i := strings.Index(trimmed, "://"); i >= 0 && cutUserinfo(trimmed[i+3:], true) {
+	// A SQLite address names a file, whose path may hold an '@': it has no
+	// user or password to end early.
+	if i := strings.Index(trimmed, "://"); i >= 0 && !sqlite && cutUserinfo(trimmed[i+3:], true) {
 		// An '@' in a secret parameter's value is not the end of a user's
 		// password: hide the value first, or its rest would follow the
 		// last '@' below.
 		trimmed = trimmed[:i+3] + maskSecretValues(trimmed[i+3:])
 	}
-	if i := strings.Index(trimmed, "://"); i >= 0 && cutUserinfo(trimmed[i+3:], true) {
+	if i := strings.Index(trimmed, "://"); i >= 0 && !sqlite && cutUserinfo(trimmed[i+3:], true) {
 		// A user or password with an unencoded '/', '?' or '#': the
 		// authority ends inside it. Hide everything before the last '@'.
 		rest := trimmed[i+3:]

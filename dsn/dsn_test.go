@@ -230,3 +230,23 @@ func TestRedactSecretQueryValueWithAt(t *testing.T) {
 		}
 	}
 }
+
+// TestRedactSQLitePathWithAt: a SQLite file's path may hold an '@' (a
+// directory named after an instance or an account); it has no user or
+// password, and Parse takes it whole as the path, so Redact shows it.
+func TestRedactSQLitePathWithAt(t *testing.T) {
+	for in, want := range map[string]string{
+		"sqlite:///var/lib/app@1/events.db":               "sqlite:///var/lib/app@1/events.db",
+		"file:///home/me@corp/app.db":                     "file:///home/me@corp/app.db",
+		"sqlite:///var/lib/app@1/e.db?password=p@Hunter2": "sqlite:///var/lib/app@1/e.db?password=xxxxx",
+		"sqlite:app@1/events.db":                          "sqlite:app@1/events.db",
+	} {
+		a, err := Parse(in)
+		if err != nil {
+			t.Errorf("Parse(%q): %v", in, err)
+		}
+		if got := a.String(); got != want {
+			t.Errorf("Parse(%q).String() = %q, want %q", in, got, want)
+		}
+	}
+}
