@@ -14,9 +14,6 @@ import (
 	"github.com/millpond/millpond/internal/testdb"
 	"github.com/millpond/millpond/outbox"
 	"github.com/millpond/millpond/outbox/anydb"
-	mysqlstore "github.com/millpond/millpond/outbox/mysql"
-	"github.com/millpond/millpond/outbox/postgres"
-	"github.com/millpond/millpond/outbox/sqlite"
 )
 
 // A rolling update runs replicas of the previous version, which write the
@@ -42,20 +39,7 @@ func insertV3(ctx context.Context, ex interface {
 
 func openV3Store(t *testing.T, db *testdb.Database) *outbox.Store {
 	t.Helper()
-	var s *outbox.Store
-	var err error
-	switch db.Dialect {
-	case "postgres":
-		s, err = postgres.New(db.Pool, outbox.WithoutListen())
-	case "mysql":
-		s, err = mysqlstore.New(db.SQL)
-	default:
-		s, err = sqlite.New(db.SQL)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := unmigratedStore(t, db)
 	installVersion3(t, s.SQLDB(), db.Dialect)
 	return s
 }
