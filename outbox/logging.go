@@ -1,7 +1,6 @@
 package outbox
 
 import (
-	"strings"
 
 	"github.com/ThreeDotsLabs/watermill"
 
@@ -53,19 +52,40 @@ func redact(fields watermill.LogFields) watermill.LogFields {
 }
 
 func (r redactingLogger) Error(msg string, err error, fields watermill.LogFields) {
-	r.next.Error(stripStack(msg), err, redact(fields))
+	r.next.Error(panicstack.StripTraceback(msg), stripErrorStack(err), redact(fields))
 }
 
-// stripStack writes the argument lists of a goroutine traceback in msg as
-// "(...)": the router logs a recovered panic with its stack ("Panic
-// recovered in handler. Stack: goroutine 7 [running]: ..."), whose frames
-// show the words of their arguments, fields of the event among them.
-func stripStack(msg string) string {
-	if !strings.Contains(msg, "goroutine ") || !strings.Contains(msg, " [running]:") {
-		return msg
+// stripErrorStack hides the argument values of a goroutine traceback that
+// err's text quotes: the router logs a handler's error, and a recovered
+// panic's (Watermill's Recoverer middleware, "panic occurred: ...,
+// stacktrace: goroutine 7 [running]: ...") holds a stack whose frames show
+// the words of their arguments, fields of the event among them. The router
+// also logs a panic it recovered itself with its stack in msg ("Panic
+// recovered in handler. Stack: ..."). An err without a traceback is passed
+// on as it is.
+func stripErrorStack(err error) error {
+	if err == nil {
+		return nil
 	}
-	return panicstack.Strip(msg)
+	text := err.Error()
+	stripped := panicstack.StripTraceback(text)
+	if stripped == text {
+		return err
+	}
+	return strippedError{text: stripped, err: err}
 }
+
+// strippedError is an error whose text had its traceback stripped. It
+// formats as that text only (a logger that prints %+v or a stack of the
+// error it is given sees nothing else) and unwraps to the original for
+// errors.Is and errors.As.
+type strippedError struct {
+	text string
+	err  error
+}
+
+func (e strippedError) Error() string { return e.text }
+func (e strippedError) Unwrap() error { return e.err }
 
 func (r redactingLogger) Info(msg string, fields watermill.LogFields) {
 	r.next.Info(msg, redact(fields))

@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/millpond/millpond/internal/testdb"
 	"github.com/millpond/millpond/outbox"
@@ -104,5 +106,90 @@ func TestRedactingLoggerHidesWhatTheRouterPrints(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("the router's log lost %q:\n%s", want, out)
 		}
+	}
+}
+
+// TestRecovererStackIsStrippedInLogsAndStoredFailures: Watermill's
+// Recoverer middleware turns a handler's panic into an error whose text
+// holds debug.Stack(), with every frame's argument values (here a card
+// number). Under RecordHandlerError that text becomes the event's stored
+// failure, and the router logs the error: both keep the frames but write
+// their arguments as "(...)". The error stays a RecoveredPanicError for
+// errors.As.
+func TestRecovererStackIsStrippedInLogsAndStoredFailures(t *testing.T) {
+	const card, pin = 4111111111111111, 4321
+	db := testdb.New(t, "sqlite")
+	store := db.Store(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	sub, err := outbox.NewSubscriber(store, outbox.SubscriberConfig{ConsumerGroup: "g", PollInterval: 10 * time.Millisecond,
+		Backoff: func(int) time.Duration { return time.Hour }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	capture := watermill.NewCaptureLogger()
+	router, err := message.NewRouter(message.RouterConfig{}, outbox.RedactingLogger(capture))
+	if err != nil {
+		t.Fatal(err)
+	}
+	router.AddMiddleware(outbox.RecordHandlerError, middleware.Recoverer)
+	handled := make(chan struct{}, 1)
+	router.AddConsumerHandler("charge", "in", sub, func(msg *message.Message) error {
+		handled <- struct{}{}
+		chargeSecretCard(secretCard{Number: card, PIN: pin})
+		return nil
+	})
+	go func() { _ = router.Run(ctx) }()
+	<-router.Running()
+	tx, commit, _ := db.Begin(t)
+	if _, err := store.Enqueue(ctx, tx, outbox.Event{Stream: "in", Key: "charge-1", Kind: "Charge", Payload: []byte("{}")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := commit(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-handled:
+	case <-ctx.Done():
+		t.Fatal("the event was not handled")
+	}
+	var stored string
+	for stored == "" {
+		recs, err := store.FindEvents(ctx, outbox.EventQuery{Stream: "in", Key: "charge-1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(recs) == 1 && recs[0].Status == outbox.StatusPending && recs[0].LastError != "" {
+			stored = recs[0].LastError
+		} else if ctx.Err() != nil {
+			t.Fatalf("no failure was stored: %v", recs)
+		} else {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	_ = router.Close()
+	var logged strings.Builder
+	var recovered bool
+	for _, lines := range capture.Captured() {
+		for _, l := range lines {
+			fmt.Fprintf(&logged, "%s %+v %v\n", l.Msg, l.Err, l.Fields)
+			var p middleware.RecoveredPanicError
+			recovered = recovered || errors.As(l.Err, &p)
+		}
+	}
+	for what, text := range map[string]string{"stored failure": stored, "router log": logged.String()} {
+		for _, secret := range []string{fmt.Sprintf("%#x", card), fmt.Sprintf("%#x", pin)} {
+			if strings.Contains(text, secret) {
+				t.Errorf("the %s shows %q:\n%s", what, secret, text)
+			}
+		}
+		for _, want := range []string{"panic occurred", "chargeSecretCard(...)"} {
+			if !strings.Contains(text, want) {
+				t.Errorf("the %s lost %q:\n%s", what, want, text)
+			}
+		}
+	}
+	if !recovered {
+		t.Errorf("no logged error is a RecoveredPanicError for errors.As:\n%s", logged.String())
 	}
 }

@@ -6,6 +6,7 @@
 package panicstack
 
 import (
+	"regexp"
 	"runtime/debug"
 	"strings"
 )
@@ -28,4 +29,20 @@ func Strip(stack string) string {
 		}
 	}
 	return strings.Join(lines, "\n")
+}
+
+// header is a traceback's goroutine line ("goroutine 7 [running]:").
+var header = regexp.MustCompile(`goroutine [0-9]+ \[[^\]\n]*\]:`)
+
+// StripTraceback strips (as Strip does) the traceback that text holds,
+// from its first goroutine line on, and leaves the text before it as it
+// is: an error or log line that quotes a stack, such as Watermill's
+// recovered-panic error ("panic occurred: ..., stacktrace: goroutine 7
+// [running]: ..."). Text without a goroutine line comes back unchanged.
+func StripTraceback(text string) string {
+	loc := header.FindStringIndex(text)
+	if loc == nil {
+		return text
+	}
+	return text[:loc[0]] + Strip(text[loc[0]:])
 }

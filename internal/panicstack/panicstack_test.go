@@ -21,3 +21,23 @@ func TestStrip(t *testing.T) {
 		t.Errorf("Strip:\n%s\nwant:\n%s", got, want)
 	}
 }
+
+// StripTraceback leaves the text before a quoted traceback (its lines may
+// end in parentheses too) and text without one as they are.
+func TestStripTraceback(t *testing.T) {
+	plain := "charge failed (card declined)\nretry later (in 5s)"
+	if got := StripTraceback(plain); got != plain {
+		t.Errorf("text without a traceback changed: %q", got)
+	}
+	in := "panic occurred: \"declined (4111)\", stacktrace: \ngoroutine 12 [running]:\n" +
+		"main.charge({0xe9b08a568f1c7, 0x10e1})\n\t/x/main.go:141 +0x34\n"
+	want := "panic occurred: \"declined (4111)\", stacktrace: \ngoroutine 12 [running]:\n" +
+		"main.charge(...)\n\t/x/main.go:141 +0x34\n"
+	if got := StripTraceback(in); got != want {
+		t.Errorf("StripTraceback:\n%s\nwant:\n%s", got, want)
+	}
+	inline := "Panic recovered in handler. Stack: goroutine 7 [running]:\nmain.f(0x2a)\n"
+	if got, want := StripTraceback(inline), "Panic recovered in handler. Stack: goroutine 7 [running]:\nmain.f(...)\n"; got != want {
+		t.Errorf("StripTraceback(%q) = %q, want %q", inline, got, want)
+	}
+}

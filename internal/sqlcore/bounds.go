@@ -6,6 +6,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/millpond/millpond/internal/panicstack"
 )
 
 // Bounds on every input, from the seed outbox and kept exactly.
@@ -122,8 +124,11 @@ func ValidateErrorText(text string) error {
 // SanitizeErrorText turns any handler error text into text that
 // ValidateErrorText accepts: control characters become spaces, invalid UTF-8
 // is replaced, and the result is cut at a rune boundary to MaxErrorBytes.
-// Empty input becomes "handler failed".
+// Empty input becomes "handler failed". A goroutine traceback in the text
+// (Watermill's Recoverer middleware puts one in its error) loses its
+// frames' argument values, which can hold fields of the event.
 func SanitizeErrorText(text string) string {
+	text = panicstack.StripTraceback(text)
 	text = strings.ToValidUTF8(text, "\uFFFD")
 	text = strings.Map(func(r rune) rune {
 		if unicode.IsControl(r) {
