@@ -100,10 +100,17 @@ func TestFailureTextRedactsWholeWords(t *testing.T) {
 		{"orders-archive is full (subject events.orders.acct, key acct:1)",
 			"relay: orders-archive is full (subject events.[REDACTED].[REDACTED], key [REDACTED]:1)"},
 		{"account acct2 and acctx are other words; acct is not", "relay: account acct2 and acctx are other words; [REDACTED] is not"},
+		// In a subject a key's dots are '~' (EncodeToken).
+		{"no responders on events.orders.OrderPlaced.customer-ada~lovelace (msg id orders/customer-ada.lovelace)",
+			"relay: no responders on events.[REDACTED].OrderPlaced.[REDACTED] (msg id [REDACTED]/[REDACTED])"},
 	} {
 		if got := failureText(errors.New(tc.err), c); got != tc.want {
 			t.Errorf("failureText(%q)\n got %q\nwant %q", tc.err, got, tc.want)
 		}
+	}
+	dotted := &outbox.Claimed{Key: "k", OrderingKey: "acct.7", Stream: "shop.orders"}
+	if got, want := failureText(errors.New("subject events.shop~orders.Paid.acct~7 full"), dotted), "relay: subject events.[REDACTED].Paid.[REDACTED] full"; got != want {
+		t.Errorf("encoded stream and ordering key:\n got %q\nwant %q", got, want)
 	}
 	short := &outbox.Claimed{Key: "e2", Stream: "s"}
 	if got := failureText(errors.New("stream s: e2 refused"), short); got != "relay: stream s: e2 refused" {

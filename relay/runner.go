@@ -946,11 +946,17 @@ func (p *pipeline) settleFailure(f failedItem) {
 // may quote the message id (the event key) or the subject (the stream, and
 // the ordering key with OrderingKeySubject), so c's key, ordering key and
 // stream are taken out of the error's text wherever one stands as a word
-// of its own (a subject's dots and a colon end a word). Values of fewer
-// than three characters are left: they would cut words apart.
+// of its own (a subject's dots and a colon end a word), as written and as
+// a subject token (EncodeToken: a '.' of theirs is '~' there). Values of
+// fewer than three characters are left: they would cut words apart.
 func failureText(err error, c *outbox.Claimed) string {
 	text := err.Error()
 	secrets := []string{c.Key, c.OrderingKey, c.Stream}
+	for _, v := range secrets[:3] {
+		if t := EncodeToken(v); t != v {
+			secrets = append(secrets, t)
+		}
+	}
 	slices.SortFunc(secrets, func(a, b string) int { return len(b) - len(a) }) // a key holding another goes first
 	for _, v := range secrets {
 		if len(v) >= 3 {
