@@ -242,7 +242,10 @@ func (b *Bus) addHandler(h handlers.Handler) error {
 		if got := msg.Metadata.Get(outbox.MetadataKind); got != kind {
 			// Written while the group still took this kind (Start narrows the
 			// subscription): dead-letter it with the reason rather than
-			// acknowledge an event nobody handled.
+			// acknowledge an event nobody handled. Its ordering key is not
+			// held behind it, whatever the handler's policy: the handler
+			// would refuse it again after any requeue.
+			msg.Metadata.Set(outbox.MetadataDeadLetterSkip, "true")
 			return handlers.Permanent(fmt.Errorf("handler %q takes kind %q, not %q", h.Name(), kind, got))
 		}
 		return h.Handle(msg)

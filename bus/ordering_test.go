@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -205,5 +206,66 @@ func publishSteps(t *testing.T, db *testdb.Database, store *outbox.Store, perKey
 	}
 	if err := commit(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestOldKindHeadDoesNotHoldItsKey: an ordered event written while a
+// handler's group took its kind, and handed to the handler after it
+// changed kind, is dead-lettered with the reason, without holding the
+// later events of its key, although the handler holds its keys
+// (DeadLetterHold, the default): it would refuse the event after any
+// requeue, so its key would stay blocked for good.
+func TestOldKindHeadDoesNotHoldItsKey(t *testing.T) {
+	for _, dialect := range testdb.Dialects {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			db := testdb.New(t, dialect)
+			store := db.Store(t)
+			ctx := context.Background()
+			var mu sync.Mutex
+			var handled []string
+			record := func(ctx context.Context, ev step, m handlers.Meta) error {
+				mu.Lock()
+				defer mu.Unlock()
+				handled = append(handled, fmt.Sprintf("%s/%d", m.Kind, ev.I))
+				return nil
+			}
+			old, err := bus.New(store, bus.Config{Subscriber: fastSubscriber}, handlers.New("h", "steps", "Step", record))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := old.RegisterGroups(ctx); err != nil {
+				t.Fatal(err)
+			}
+			publishSteps(t, db, store, 1, "k") // Step k/0, in group h
+			startBus(t, store, bus.Config{Subscriber: fastSubscriber}, handlers.New("h", "steps", "Paid", record))
+			tx, commit, _ := db.Begin(t)
+			for i := 1; i <= 2; i++ {
+				p, _ := json.Marshal(step{Key: "k", I: i})
+				if _, err := store.Enqueue(ctx, tx, outbox.Event{Stream: "steps", Key: fmt.Sprintf("paid-%d", i), Kind: "Paid", Payload: p, OrderingKey: "k"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := commit(); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the key's later events", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(handled) == 2
+			})
+			mu.Lock()
+			if fmt.Sprint(handled) != "[Paid/1 Paid/2]" {
+				t.Errorf("handled %v, want [Paid/1 Paid/2]", handled)
+			}
+			mu.Unlock()
+			dead, err := store.ListDead(ctx, outbox.DeadQuery{Stream: "steps", Group: "h", Limit: 10})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(dead) != 1 || dead[0].Kind != "Step" || !strings.Contains(dead[0].LastError, `takes kind "Paid", not "Step"`) {
+				t.Fatalf("dead letters of h: %+v", dead)
+			}
+		})
 	}
 }

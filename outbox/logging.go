@@ -1,7 +1,6 @@
 package outbox
 
 import (
-
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/millpond/millpond/internal/panicstack"

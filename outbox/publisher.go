@@ -32,6 +32,13 @@ const (
 	// dead-letters the event at once instead of retrying it (for failures
 	// that no retry can fix, such as a payload that does not decode).
 	MetadataDeadLetterNow = "millpond_dead_letter_now"
+	// MetadataDeadLetterSkip, set to any value by a handler with
+	// MetadataDeadLetterNow before a Nack, dead-letters an event with an
+	// ordering key without holding the later events of its key, whatever
+	// the group's DeadLetterPolicy: for an event the group will never
+	// handle (the bus sets it on an event of a kind its handler no longer
+	// takes), which a requeue could not get past.
+	MetadataDeadLetterSkip = "millpond_dead_letter_skip"
 	// MetadataOrderingKey, when set on publish, is the event's ordering
 	// key (see Event.OrderingKey); on delivery it holds the ordering key,
 	// and is absent for unordered events.

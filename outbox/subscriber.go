@@ -738,7 +738,7 @@ func (sub *subscription) deliver(q queued) bool {
 	}
 	// Keys a handler sets to talk to this subscriber must not arrive already
 	// set (a handler may republish the message it got).
-	for _, k := range []string{MetadataHandlerError, MetadataDeadLetterNow, metadataAckedInTx} {
+	for _, k := range []string{MetadataHandlerError, MetadataDeadLetterNow, MetadataDeadLetterSkip, metadataAckedInTx} {
 		delete(msg.Metadata, k)
 	}
 	msg.Metadata.Set(MetadataKind, c.Kind)
@@ -895,6 +895,9 @@ func (sub *subscription) fail(c Claimed, msg *message.Message) {
 	f := Failure{Reason: SanitizeErrorText(reason), MaxAttempts: sub.cfg.MaxAttempts, RetryDelay: delay, DeadLetterPolicy: sub.cfg.DeadLetterPolicy}
 	if msg.Metadata.Get(MetadataDeadLetterNow) != "" {
 		f.MaxAttempts = min(max(c.Attempts, 1), MaxAttempts) // retrying cannot help
+		if msg.Metadata.Get(MetadataDeadLetterSkip) != "" {
+			f.DeadLetterPolicy = DeadLetterSkip
+		}
 	}
 	err := retry(sub.stop, sub.cfg.Lease/2, func() error {
 		ctx, cancel := sub.opCtx()
