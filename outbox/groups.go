@@ -265,6 +265,19 @@ func (s *Store) DiscardDead(ctx context.Context, sel DeadSelector) (int64, error
 	return n, nil
 }
 
+// CountDead counts the dead-lettered events that DiscardDead would delete
+// for sel now, selected by Kind or All (not by IDs: the error then wraps
+// ErrInvalidSelector), with plain reads that lock nothing. It is a
+// snapshot for a confirmation or a dry run: events dead-lettered meanwhile
+// are discarded too.
+func (s *Store) CountDead(ctx context.Context, sel DeadSelector) (int64, error) {
+	n, err := s.core.CountDead(ctx, sqlcore.DeadSelector(sel))
+	if err != nil {
+		return 0, fmt.Errorf("outbox: count dead letters: %w", err)
+	}
+	return n, nil
+}
+
 // ReroutePending moves the pending events of a stream's default group ""
 // (events that no consumer group took when they were enqueued, kept there
 // by the bus's UnroutedKeep policy or before any consumer existed) to the

@@ -588,6 +588,19 @@ func (s *Store) Purge(ctx context.Context, olderThan time.Duration, limit int) (
 	return n, nil
 }
 
+// CountPurgeable counts what Purge(ctx, olderThan, n) would delete now
+// with no limit: rows delivered more than olderThan ago and, with
+// WithDeleteOnAck, events created before the horizon that no delivery row
+// points at. It reads without locking; it is a snapshot for a confirmation
+// or a dry run, as rows delivered meanwhile are purged too.
+func (s *Store) CountPurgeable(ctx context.Context, olderThan time.Duration) (int64, error) {
+	n, err := s.core.CountPurgeable(ctx, olderThan)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: count purgeable events: %w", err)
+	}
+	return n, nil
+}
+
 // Stats counts undelivered rows per stream and consumer group.
 func (s *Store) Stats(ctx context.Context) ([]StreamStats, error) {
 	out, err := s.core.Stats(ctx)

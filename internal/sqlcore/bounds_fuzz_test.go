@@ -290,7 +290,7 @@ func TestStatementsBindEveryParameter(t *testing.T) {
 		for name, q := range map[string]query{
 			"enqueue": s.enqueue, "existing": s.existing, "claim": s.claim, "claimDue": s.claimDue, "claimSelect": s.claimSelect, "claimDead": s.claimDead,
 			"ack": s.ack, "ackMark": s.ackMark, "ackAll": s.ackAll, "fail": s.fail, "failStatus": s.failStatus, "extend": s.extend, "extendCheck": s.extendCheck,
-			"release": s.release, "requeue": s.requeue, "listDead": s.listDead, "purgeSelect": s.purgeSelect, "stats": s.stats,
+			"release": s.release, "requeue": s.requeue, "listDead": s.listDead, "purgeSelect": s.purgeSelect, "purgeCount": s.purgeCount, "stats": s.stats,
 			"register": s.register, "unregister": s.unregister, "now": s.now,
 			"enqueueOrdered": s.enqueueOrdered, "enqueueOrderedNotify": s.enqueueOrderedNotify, "orderedGroups": s.orderedGroups,
 			"bumpKey": s.bumpKey, "keyState": s.keyState, "insertOrdered": s.insertOrdered, "unbumpKey": s.unbumpKey,

@@ -1272,6 +1272,24 @@ func (c *Core) Purge(ctx context.Context, olderThan time.Duration, limit int) (i
 	return n, err
 }
 
+// CountPurgeable counts what Purge(olderThan, no limit) would delete now,
+// with a plain read that locks nothing: the delivered rows delivered more
+// than olderThan ago and, with deleteOnAck, the events created before the
+// horizon that no delivery row points at. It is a snapshot: rows delivered
+// or acknowledged meanwhile are purged too.
+func (c *Core) CountPurgeable(ctx context.Context, olderThan time.Duration) (int64, error) {
+	if olderThan < 0 {
+		return 0, fmt.Errorf("purge horizon %s is negative: %w", olderThan, ErrInvalidHorizon)
+	}
+	vals := map[string]any{"horizon": micros(olderThan), "now": c.nowArg()}
+	n, err := c.queryInt(ctx, c.db, c.stmts.purgeCount, vals)
+	if err != nil || !c.deleteOnAck {
+		return n, err
+	}
+	m, err := c.queryInt(ctx, c.db, c.stmts.purgeEventsCount, vals)
+	return n + m, err
+}
+
 // purgeEvents (deleteOnAck) deletes up to vals["limit"] events created
 // before the horizon that no delivery row points at, and returns how many.
 func (c *Core) purgeEvents(ctx context.Context, tx Executor, vals map[string]any) (int64, error) {

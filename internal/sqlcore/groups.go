@@ -206,6 +206,25 @@ func (c *Core) DiscardDead(ctx context.Context, sel DeadSelector) (int64, error)
 	return total, err
 }
 
+// CountDead counts the dead-lettered events sel names by Kind or All, as
+// DiscardDead would find them now, with plain reads that lock nothing.
+func (c *Core) CountDead(ctx context.Context, sel DeadSelector) (int64, error) {
+	if err := sel.Validate(); err != nil {
+		return 0, err
+	}
+	if len(sel.IDs) > 0 {
+		return 0, fmt.Errorf("count dead letters by kind or all of a group, not by id: %w", ErrInvalidSelector)
+	}
+	var total int64
+	err := c.eachChunk(ctx, c.stmts.lifecycle.deadOfGroup, map[string]any{
+		"stream": sel.Stream, "group": sel.Group, "any_kind": sel.Kind == "", "kind": sel.Kind,
+	}, func(ids []int64) error {
+		total += int64(len(ids))
+		return nil
+	})
+	return total, err
+}
+
 // eachChunk reads the ids a candidate query selects, lifecycleChunk at a
 // time in id order, and hands each chunk to fn.
 func (c *Core) eachChunk(ctx context.Context, candidates query, vals map[string]any, fn func([]int64) error) error {

@@ -34,6 +34,7 @@ type statements struct {
 	requeue        query
 	listDead       query
 	purgeSelect    query // the ids to purge, oldest delivery first (PostgreSQL: locked in id order)
+	purgeCount     query // how many rows purgeSelect would pick without its limit (a plain read)
 	stats          query
 	register       query
 	unregister     query
@@ -80,8 +81,10 @@ type statements struct {
 	requeueRejoined      query
 	deadOrdering         query // reroute: the ordering key of a dead default-group row
 
-	// purgeEvents (WithDeleteOnAck) picks old events without delivery rows.
-	purgeEvents query
+	// purgeEvents (WithDeleteOnAck) picks old events without delivery rows;
+	// purgeEventsCount counts them.
+	purgeEvents      query
+	purgeEventsCount query
 
 	// Held claims (PostgreSQL, see held.go).
 	claimHeld   query // lock due rows, read them with their content
@@ -730,6 +733,7 @@ ORDER BY d.id LIMIT @limit`)
   AND status = 'delivered'
 ORDER BY id
 FOR UPDATE`)
+		s.purgeCount = c(`SELECT COUNT(*) FROM millpond_deliveries WHERE status = 'delivered' AND delivered_at <> 0 AND delivered_at < @now - @horizon::BIGINT`)
 		s.register = c("INSERT INTO millpond_subscriptions (stream, consumer_group, event_kind, created_at) VALUES (@stream, @group, @kind, @now) ON CONFLICT DO NOTHING")
 		s.migrationsDDL = "CREATE TABLE IF NOT EXISTS millpond_schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR(128) NOT NULL, applied_at BIGINT NOT NULL)"
 		s.recordSQL = "INSERT INTO millpond_schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)"
@@ -879,6 +883,7 @@ ORDER BY id`)
 		// them by id, in id order: a DELETE ... ORDER BY delivered_at would
 		// lock rows in delivery order.
 		s.purgeSelect = c(`SELECT id FROM millpond_deliveries WHERE delivered_at > 0 AND delivered_at < @now - @horizon AND status = 'delivered' ORDER BY delivered_at LIMIT @limit`)
+		s.purgeCount = c(`SELECT COUNT(*) FROM millpond_deliveries WHERE delivered_at > 0 AND delivered_at < @now - @horizon AND status = 'delivered'`)
 		s.deleteDeliveries = c("DELETE d FROM " + mysqlSettleRows)
 		s.register = c("INSERT INTO millpond_subscriptions (stream, consumer_group, event_kind, created_at) VALUES (@stream, @group, @kind, @now) ON DUPLICATE KEY UPDATE stream = stream")
 		s.migrationsDDL = "CREATE TABLE IF NOT EXISTS millpond_schema_migrations (version INT PRIMARY KEY, name VARCHAR(128) NOT NULL, applied_at BIGINT NOT NULL) ENGINE=InnoDB"
@@ -978,6 +983,7 @@ WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pai
 WHERE status = 'dead_letter' AND stream = @stream AND ordering_key = '' AND id IN ({ids})`)
 		s.purgeSelect = c(`SELECT id FROM millpond_deliveries WHERE status = 'delivered' AND delivered_at < @now - @horizon
 ORDER BY delivered_at LIMIT @limit`)
+		s.purgeCount = c(`SELECT COUNT(*) FROM millpond_deliveries WHERE status = 'delivered' AND delivered_at < @now - @horizon`)
 		s.register = c("INSERT INTO millpond_subscriptions (stream, consumer_group, event_kind, created_at) VALUES (@stream, @group, @kind, @now) ON CONFLICT DO NOTHING")
 		s.migrationsDDL = "CREATE TABLE IF NOT EXISTS millpond_schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)"
 		s.recordSQL = "INSERT INTO millpond_schema_migrations (version, name, applied_at) VALUES (?, ?, ?)"
@@ -996,11 +1002,13 @@ ORDER BY delivered_at LIMIT @limit`)
 		if d == Postgres {
 			cast = "::BIGINT"
 		}
-		s.purgeEvents = c(`SELECT e.id FROM millpond_events e
+		orphans := `FROM millpond_events e
 WHERE e.id < COALESCE((SELECT MIN(y.id) FROM millpond_events y WHERE y.created_at >= @now - @horizon` + cast + `), 9223372036854775807)
   AND e.created_at < @now - @horizon` + cast + `
-  AND NOT EXISTS (SELECT 1 FROM millpond_deliveries d WHERE d.event_id = e.id)
+  AND NOT EXISTS (SELECT 1 FROM millpond_deliveries d WHERE d.event_id = e.id)`
+		s.purgeEvents = c(`SELECT e.id ` + orphans + `
 ORDER BY e.id LIMIT @limit`)
+		s.purgeEventsCount = c(`SELECT COUNT(*) ` + orphans)
 	}
 	s.lifecycle = newLifecycleStatements(d)
 	return s
