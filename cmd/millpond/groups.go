@@ -111,7 +111,7 @@ func cmdGroupsList(e *env, args []string) error {
 	return nil
 }
 
-const groupsUnregisterUsage = `Usage: millpond groups unregister -stream S -group G [-discard] [-db URL]
+const groupsUnregisterUsage = `Usage: millpond groups unregister -stream S -group G [-discard [-yes | -dry-run]] [-db URL]
 
 Retire a consumer group, typically of a renamed or removed handler: remove its
 registration so that no event is written for it any more. Refused (exit 1) while the
@@ -120,6 +120,10 @@ consumer drain them first, or add -discard to delete the group's undelivered eve
 (pending, processing and dead-lettered) for good. Without -discard its dead letters
 stay listable. Delivered rows stay until purge. Exits 3 when the group is not
 registered and has nothing to discard.
+
+With -discard it first prints how many events of the group it would delete, and
+deletes them only when confirmed: with -yes, or on a terminal by typing the group's
+name. Otherwise nothing is changed and it exits 2. -dry-run only prints the counts.
 `
 
 func cmdGroupsUnregister(e *env, args []string) error {
@@ -127,14 +131,20 @@ func cmdGroupsUnregister(e *env, args []string) error {
 	stream := fs.String("stream", "", "stream of the group (required)")
 	group := fs.String("group", "", "consumer group to retire (required)")
 	discard := fs.Bool("discard", false, "also delete the group's pending, processing and dead-lettered events")
+	bulk := addBulkFlags(fs, "unregister -discard")
 	dbFlag := addDBFlag(fs)
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
 	}
+	if err := bulk.check("groups unregister"); err != nil {
+		return err
+	}
 	switch {
 	case len(pos) > 0:
 		return usagef("groups unregister: unexpected argument %q", pos[0])
+	case (bulk.yes || bulk.dryRun) && !*discard:
+		return usagef("groups unregister: -yes and -dry-run go with -discard")
 	case *stream == "":
 		return usagef("groups unregister: -stream is required")
 	case *group == "":
@@ -148,6 +158,28 @@ func cmdGroupsUnregister(e *env, args []string) error {
 		return err
 	}
 	defer s.Close()
+	if *discard {
+		groups, err := s.ListGroups(e.ctx, *stream)
+		if err != nil {
+			return db.fail("list groups in", err)
+		}
+		var g outbox.GroupInfo
+		for _, gi := range groups {
+			if gi.Group == *group {
+				g = gi
+			}
+		}
+		if n := g.Pending + g.Processing + g.Dead; n > 0 {
+			if err := confirmBulk(e, bulk, "groups unregister", "changed", *group, fmt.Sprintf("these %d events", n),
+				fmt.Sprintf("would unregister group %s from stream %s and discard its %d pending, %d processing and %d dead-lettered events",
+					*group, *stream, g.Pending, g.Processing, g.Dead)); err != nil {
+				return err
+			}
+		} else if bulk.dryRun {
+			return confirmBulk(e, bulk, "groups unregister", "changed", *group, "",
+				fmt.Sprintf("group %s of stream %s has no undelivered events to discard (registered: %t)", *group, *stream, g.Registered))
+		}
+	}
 	res, err := s.RetireGroup(e.ctx, outbox.RetireRequest{Stream: *stream, Group: *group, Discard: *discard})
 	switch {
 	case errors.Is(err, outbox.ErrGroupNotDrained):
@@ -180,13 +212,18 @@ func cmdGroupsUnregister(e *env, args []string) error {
 }
 
 const deadDiscardUsage = `Usage: millpond dead discard -stream S ID... [-db URL]
-       millpond dead discard -stream S [-group G] -kind K [-db URL]
-       millpond dead discard -stream S [-group G] -all [-db URL]
+       millpond dead discard -stream S [-group G] -kind K [-yes | -dry-run] [-db URL]
+       millpond dead discard -stream S [-group G] -all [-yes | -dry-run] [-db URL]
 
 Delete dead-lettered events for good: by id (in any group of the stream), or the
 dead letters of one consumer group (default: the default group) of one kind or all
 of them. Events that are not dead letters are left alone. Exits 3 when nothing
 matched.
+
+With -kind or -all it first prints how many dead letters match, and deletes them
+only when confirmed: with -yes, or on a terminal by typing the group's name (the
+stream's for the default group). Otherwise nothing is deleted and it exits 2.
+-dry-run only prints the count.
 `
 
 func cmdDeadDiscard(e *env, args []string) error {
@@ -195,9 +232,13 @@ func cmdDeadDiscard(e *env, args []string) error {
 	group := fs.String("group", "", "consumer group, with -kind or -all (default: the default group)")
 	kind := fs.String("kind", "", "discard the group's dead letters of this kind")
 	all := fs.Bool("all", false, "discard every dead letter of the group")
+	bulk := addBulkFlags(fs, "discard the dead letters -kind or -all selects")
 	dbFlag := addDBFlag(fs)
 	pos, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := bulk.check("dead discard"); err != nil {
 		return err
 	}
 	given := 0
@@ -215,6 +256,8 @@ func cmdDeadDiscard(e *env, args []string) error {
 		return usagef("dead discard: give event ids, -kind K or -all (exactly one)")
 	case len(pos) > 0 && groupSet:
 		return usagef("dead discard: -group goes with -kind or -all; ids select events of every group")
+	case len(pos) > 0 && (bulk.yes || bulk.dryRun):
+		return usagef("dead discard: -yes and -dry-run go with -kind or -all; ids name each event to delete")
 	}
 	var ids []int64
 	if len(pos) > 0 {
@@ -261,16 +304,32 @@ func cmdDeadDiscard(e *env, args []string) error {
 		}
 		return nil
 	}
+	ofKind := "any kind"
+	if *kind != "" {
+		ofKind = "kind " + *kind
+	}
+	n, err := s.CountDead(e.ctx, sel)
+	if err != nil {
+		return db.fail("count dead letters in", err)
+	}
+	if n == 0 {
+		fmt.Fprintln(e.stdout, "discarded 0 dead-lettered events")
+		return nothingf("dead discard: group %s of stream %s has no dead letters of %s", groupName(*group), *stream, ofKind)
+	}
+	answer := *group
+	if answer == "" {
+		answer = *stream
+	}
+	if err := confirmBulk(e, bulk, "dead discard", "discarded", answer, fmt.Sprintf("these %d dead-lettered events", n),
+		fmt.Sprintf("would discard %d dead-lettered events of %s in group %s of stream %s", n, ofKind, groupName(*group), *stream)); err != nil {
+		return err
+	}
 	if err := discard(sel); err != nil {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "discarded %d dead-lettered events\n", total)
 	if total == 0 {
-		what := "any kind"
-		if *kind != "" {
-			what = "kind " + *kind
-		}
-		return nothingf("dead discard: group %s of stream %s has no dead letters of %s", groupName(*group), *stream, what)
+		return nothingf("dead discard: group %s of stream %s has no dead letters of %s any more", groupName(*group), *stream, ofKind)
 	}
 	return nil
 }

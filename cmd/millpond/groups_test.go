@@ -202,7 +202,7 @@ func TestGroupCommands(t *testing.T) {
 			if regs, _ := store.RegisteredGroups(ctx, "orders"); len(regs) != 2 {
 				t.Fatalf("a refused unregister changed the registrations: %v", regs)
 			}
-			out = run(exitOK, "groups", "unregister", "-stream", "orders", "-group", "reserve", "-discard")
+			out = run(exitOK, "groups", "unregister", "-stream", "orders", "-group", "reserve", "-discard", "-yes")
 			if want := "unregistered group reserve from stream orders; discarded 3 pending, 0 processing and 0 dead-lettered events"; strings.TrimSpace(out) != want {
 				t.Fatalf("unregister -discard: %q, want %q", out, want)
 			}
@@ -219,7 +219,7 @@ func TestGroupCommands(t *testing.T) {
 			if out := run(exitOK, "dead", "discard", "-stream", "orders", fmt.Sprint(cs[1].ID), fmt.Sprint(cs[0].ID)); !strings.Contains(out, "discarded 1 of 2 events") {
 				t.Fatalf("discard by id: %q", out)
 			}
-			if out := run(exitOK, "dead", "discard", "-stream", "orders", "-group", "billing", "-all"); !strings.Contains(out, "discarded 1 dead-lettered events") {
+			if out := run(exitOK, "dead", "discard", "-stream", "orders", "-group", "billing", "-all", "-yes"); !strings.Contains(out, "discarded 1 dead-lettered events") {
 				t.Fatalf("discard -all: %q", out)
 			}
 			run(exitNothing, "dead", "discard", "-stream", "orders", "-group", "billing", "-all")

@@ -14,11 +14,11 @@
 //	millpond dead list -stream S [-group G | -all-groups] [-after ID] [-limit N] [-json]
 //	millpond dead requeue -stream S ID...
 //	millpond dead reroute -stream S ID...
-//	millpond dead discard -stream S (ID... | [-group G] -kind K | [-group G] -all)
+//	millpond dead discard -stream S (ID... | [-group G] (-kind K | -all) [-yes | -dry-run])
 //	millpond groups list [-stream S] [-json]
-//	millpond groups unregister -stream S -group G [-discard]
+//	millpond groups unregister -stream S -group G [-discard [-yes | -dry-run]]
 //	millpond pending reroute -stream S
-//	millpond purge -older-than 168h [-limit N]
+//	millpond purge -older-than 168h [-limit N] [-yes | -dry-run]
 //	millpond ui [-addr 127.0.0.1:8081] [-read-only] [-prefix /path] [-hosts names]
 //	millpond relay -nats URL -stream S[,S…] [-js-stream N] [-subject-prefix P] [-strict] …
 //
@@ -32,8 +32,13 @@
 // with -db (or -nats) is visible to every user of the machine in the
 // process list and stays in the shell's history: set MILLPOND_DATABASE_URL
 // (and MILLPOND_NATS_URL) instead.
+// Commands that delete many events at once (dead discard -kind or -all,
+// groups unregister -discard, purge) print how many they would delete and
+// delete them only when confirmed: with -yes, or on a terminal by typing
+// what they ask for; -dry-run only counts.
 // The exit code is 0 on success, 1 when the command failed, 2 for a usage
-// error and 3 when a command that changes events or groups matched none.
+// error or a bulk deletion not confirmed, and 3 when a command that changes
+// events or groups matched none.
 package main
 
 import (
@@ -70,9 +75,20 @@ const EnvDeleteOnAck = "MILLPOND_DELETE_ON_ACK"
 const (
 	exitOK      = 0
 	exitFailure = 1
-	exitUsage   = 2
+	exitUsage   = 2 // also a bulk deletion not confirmed (-yes)
 	exitNothing = 3 // requeue, reroute, discard or unregister matched nothing
 )
+
+const purgeUsage = `Usage: millpond purge -older-than D [-limit N] [-delete-on-ack] [-yes | -dry-run] [-db URL]
+
+Delete events delivered more than D ago (e.g. 7d or 168h). Their keys may then be
+enqueued again. With -delete-on-ack (stores that delete acknowledged rows), also
+delete events enqueued more than D ago that no delivery row points at.
+
+It first prints how many events it would delete, and deletes them only when
+confirmed: with -yes (scheduled purges need it), or on a terminal by typing that
+count. Otherwise nothing is deleted and it exits 2. -dry-run only prints the count.
+`
 
 // purgeChunk is how many rows one Purge statement deletes at most, so a
 // large purge never holds one long transaction.
@@ -87,13 +103,14 @@ Commands:
                                         list dead-lettered events, oldest first
   dead requeue -stream S ID...          make dead-lettered events pending again, attempts reset
   dead reroute -stream S ID...          move unrouted dead letters to the groups that take their kind now
-  dead discard -stream S (ID... | [-group G] -kind K | [-group G] -all)
+  dead discard -stream S (ID... | [-group G] (-kind K | -all) [-yes | -dry-run])
                                         delete dead-lettered events for good
   groups list [-stream S] [-json]       list consumer groups: registration, backlog, last activity
-  groups unregister -stream S -group G [-discard]
+  groups unregister -stream S -group G [-discard [-yes | -dry-run]]
                                         retire a group (refused while it has pending or processing events)
   pending reroute -stream S             move pending events of the default group to the groups that take their kind now
-  purge -older-than D [-limit N]        delete events delivered more than D ago (e.g. 7d)
+  purge -older-than D [-limit N] [-yes | -dry-run]
+                                        delete events delivered more than D ago (e.g. 7d)
   ui [-addr 127.0.0.1:8081] [-read-only] serve the admin web UI (loopback by default)
   relay -nats URL -stream S [-js-stream N] [-subject-prefix P] [-strict]
                                         forward a stream's events to NATS JetStream, exactly once, in per-key order
@@ -112,10 +129,15 @@ outbox.WithDeleteOnAck; give it on such a database, so that discards and
 reroutes keep the events (the keys' idempotency records) for purge, as those
 stores do.
 
+Bulk deletions (dead discard -kind or -all, groups unregister -discard, purge)
+print how many events they would delete and delete them only when confirmed:
+with -yes, or on a terminal by typing what they ask for. -dry-run only counts.
+
 Run "millpond <command> -h" for a command's flags.
 
-Exit codes: 0 success, 1 failure, 2 usage error, 3 nothing matched (dead
-requeue, reroute and discard, groups unregister, pending reroute).
+Exit codes: 0 success, 1 failure, 2 usage error or bulk deletion not confirmed,
+3 nothing matched (dead requeue, reroute and discard, groups unregister,
+pending reroute).
 `
 
 const deadUsage = `Usage: millpond dead <subcommand> [flags]
@@ -148,7 +170,11 @@ Run "millpond pending <subcommand> -h" for its flags.
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	e := &env{ctx: ctx, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv, stdin: os.Stdin}
+	if fi, err := os.Stdin.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+		e.interactive = true
+	}
+	code := runEnv(e, os.Args[1:])
 	stop()
 	os.Exit(code)
 }
@@ -185,21 +211,36 @@ type env struct {
 	// deleteOnAck opens stores WithDeleteOnAck (the global -delete-on-ack
 	// flag or $MILLPOND_DELETE_ON_ACK).
 	deleteOnAck bool
+	// stdin answers a bulk deletion's confirmation prompt, asked only when
+	// interactive (stdin is a terminal); otherwise such a deletion needs
+	// -yes.
+	stdin       io.Reader
+	interactive bool
 }
 
 // run executes the command line args (without the program name) and
 // returns the process exit code. It is main without the process: tests call
 // it directly.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	e := &env{ctx: ctx, stdout: stdout, stderr: stderr, getenv: getenv}
+	return runEnv(&env{ctx: ctx, stdout: stdout, stderr: stderr, getenv: getenv}, args)
+}
+
+// runEnv is run with the whole environment given: main's stdin and whether
+// it is a terminal.
+func runEnv(e *env, args []string) int {
+	stderr := e.stderr
 	err := dispatch(e, args)
 	var uerr *usageError
 	var nerr *nothingError
+	var cerr *notConfirmedError
 	switch {
 	case err == nil:
 		return exitOK
-	case errors.Is(err, flag.ErrHelp):
+	case errors.Is(err, flag.ErrHelp), errors.Is(err, errDryRun):
 		return exitOK
+	case errors.As(err, &cerr):
+		fmt.Fprintf(stderr, "millpond: %s\n", cerr.msg)
+		return exitUsage
 	case errors.As(err, &nerr):
 		fmt.Fprintf(stderr, "millpond: %s\n", nerr.msg)
 		return exitNothing
@@ -816,15 +857,19 @@ func parseIDs(cmd string, pos []string) ([]int64, error) {
 }
 
 func cmdPurge(e *env, args []string) error {
-	fs := newFlagSet(e, "purge", "Usage: millpond purge -older-than D [-limit N] [-delete-on-ack] [-db URL]\n\nDelete events delivered more than D ago (e.g. 7d or 168h). Their keys may then be enqueued again.\nWith -delete-on-ack (stores that delete acknowledged rows), also delete events enqueued more than D ago that no delivery row points at.\n")
+	fs := newFlagSet(e, "purge", purgeUsage)
 	var horizon retention
 	fs.Var(&horizon, "older-than", "retention horizon, e.g. 7d, 168h or 1d12h (required)")
 	olderThan := (*time.Duration)(&horizon)
 	limit := fs.Int64("limit", 0, "most rows to delete (0: all that qualify)")
 	deleteOnAck := fs.Bool("delete-on-ack", false, "for stores run with outbox.WithDeleteOnAck: also delete events enqueued more than D ago that no delivery row points at (counted with the rows)")
+	bulk := addBulkFlags(fs, "purge")
 	dbFlag := addDBFlag(fs)
 	pos, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := bulk.check("purge"); err != nil {
 		return err
 	}
 	horizonSet := false
@@ -846,6 +891,28 @@ func cmdPurge(e *env, args []string) error {
 		return err
 	}
 	defer s.Close()
+	what := "delivered events"
+	if *deleteOnAck {
+		what = "delivered events and events no delivery row points at"
+	}
+	n, err := s.CountPurgeable(e.ctx, *olderThan)
+	if err != nil {
+		return db.fail("count the events to purge in", err)
+	}
+	if *limit > 0 {
+		n = min(n, *limit)
+	}
+	if n == 0 {
+		fmt.Fprintf(e.stdout, "purged 0 %s older than %s\n", what, *olderThan)
+		return nil
+	}
+	if err := confirmBulk(e, bulk, "purge", "purged", strconv.FormatInt(n, 10), fmt.Sprintf("these %d events", n),
+		fmt.Sprintf("would purge %d %s older than %s", n, what, *olderThan)); err != nil {
+		return err
+	}
+	// At most what was counted and confirmed: events delivered since
+	// wait for the next purge.
+	*limit = n
 	var total int64
 	for *limit == 0 || total < *limit {
 		chunk := int64(purgeChunk)

@@ -155,11 +155,11 @@ func TestAdminCommand(t *testing.T) {
 				t.Fatalf("purge 7d: code %d, output %q", code, stdout)
 			}
 			time.Sleep(5 * time.Millisecond) // delivered_at is strictly in the past
-			code, stdout, _ = cli(t, nil, append(flagDB, "purge", "-older-than", "0s", "-limit", "2")...)
+			code, stdout, _ = cli(t, nil, append(flagDB, "purge", "-older-than", "0s", "-limit", "2", "-yes")...)
 			if code != 0 || !strings.Contains(stdout, "purged 2 ") {
 				t.Fatalf("purge -limit 2: code %d, output %q", code, stdout)
 			}
-			code, stdout, _ = cli(t, nil, append(flagDB, "purge", "-older-than", "0s")...)
+			code, stdout, _ = cli(t, nil, append(flagDB, "purge", "-older-than", "0s", "-yes")...)
 			if code != 0 || !strings.Contains(stdout, "purged 1 ") {
 				t.Fatalf("purge: code %d, output %q", code, stdout)
 			}

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// bulkFlags are the flags of a command that deletes many events at once
+// (dead discard -kind/-all, groups unregister -discard, purge).
+type bulkFlags struct {
+	yes    bool
+	dryRun bool
+}
+
+func addBulkFlags(fs *flag.FlagSet, verb string) *bulkFlags {
+	b := &bulkFlags{}
+	fs.BoolVar(&b.yes, "yes", false, "confirm: "+verb+" without asking (for scripts)")
+	fs.BoolVar(&b.dryRun, "dry-run", false, "only count what would be deleted; delete nothing")
+	return b
+}
+
+func (b *bulkFlags) check(cmd string) error {
+	if b.yes && b.dryRun {
+		return usagef("%s: -yes and -dry-run exclude each other", cmd)
+	}
+	return nil
+}
+
+// notConfirmedError is a bulk deletion that was not confirmed: it exits
+// with code 2, like a usage error, and nothing was deleted.
+type notConfirmedError struct{ msg string }
+
+func (e *notConfirmedError) Error() string { return e.msg }
+
+// errDryRun stops a command after a dry run's count: it exits with code 0.
+var errDryRun = errors.New("dry run")
+
+// confirmBulk is asked before a bulk deletion of some events. Unless -yes
+// is given (a script's output stays as it was) it prints summary, what the
+// deletion would delete and how many, on stdout. With -dry-run it then
+// says that nothing was deleted and returns errDryRun; with -yes it
+// returns nil. On
+// a terminal it asks the operator to type answer (a group or stream name,
+// or the count) and returns nil only when they do; otherwise the deletion
+// is not confirmed and the error says how to confirm it.
+func confirmBulk(e *env, b *bulkFlags, cmd, verb, answer, what, summary string) error {
+	if !b.yes {
+		fmt.Fprintln(e.stdout, summary)
+	}
+	switch {
+	case b.dryRun:
+		fmt.Fprintf(e.stderr, "dry run: nothing was %s\n", verb)
+		return errDryRun
+	case b.yes:
+		return nil
+	case !e.interactive || e.stdin == nil:
+		return &notConfirmedError{msg: fmt.Sprintf("%s: not confirmed, nothing was %s: add -yes to delete %s for good (or -dry-run to only count)", cmd, verb, what)}
+	}
+	fmt.Fprintf(e.stderr, "This deletes %s for good. Type %q to confirm: ", what, answer)
+	line, err := bufio.NewReader(e.stdin).ReadString('\n')
+	if err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("%s: read the confirmation: %w", cmd, err)
+	}
+	if strings.TrimSpace(line) != answer {
+		return &notConfirmedError{msg: fmt.Sprintf("%s: the answer was not %q; nothing was %s", cmd, answer, verb)}
+	}
+	return nil
+}
