@@ -238,3 +238,33 @@ func TestActOnEverythingMatchingRefusesUnseenDeadLetters(t *testing.T) {
 		t.Errorf("apply without a digest: %d, want 400", status)
 	}
 }
+
+// TestGroupConfirmCountsWhatDiscardDeletes: the confirmation page of
+// unregistering a group offered "also discard the group's undelivered
+// events" without saying how many that deletes for good. It now names the
+// group's pending, in-flight and dead-lettered counts, and says when there
+// is nothing to discard.
+func TestGroupConfirmCountsWhatDiscardDeletes(t *testing.T) {
+	f := newFixture(t, "sqlite")
+	srv := f.serve(admin.Options{})
+	c := newClient(t)
+	tok := token(t, c, srv.URL+"/groups")
+	form := url.Values{"csrf_token": {tok}, "stream": {"orders"}, "group": {"shipping"}}
+	status, body := post(t, c, srv.URL+"/groups/confirm", form, nil)
+	if status != http.StatusOK {
+		t.Fatalf("confirm unregister: %d\n%s", status, body)
+	}
+	text := regexp.MustCompile(`\s+`).ReplaceAllString(regexp.MustCompile(`<[^>]*>`).ReplaceAllString(body, ""), " ")
+	if want := "discard its 3 undelivered events for good (2 pending, 0 in flight, 1 dead-lettered"; !strings.Contains(text, want) {
+		t.Errorf("the confirmation does not say what the discard deletes: want %q in\n%s", want, text)
+	}
+	// A group with nothing undelivered: nothing to discard, no checkbox.
+	if err := f.store.RegisterGroup(t.Context(), "orders", "idle"); err != nil {
+		t.Fatal(err)
+	}
+	form.Set("group", "idle")
+	status, body = post(t, c, srv.URL+"/groups/confirm", form, nil)
+	if status != http.StatusOK || !strings.Contains(body, "has no undelivered events") || strings.Contains(body, `name="discard"`) {
+		t.Errorf("confirm unregister of an idle group: %d\n%s", status, body)
+	}
+}

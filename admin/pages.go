@@ -718,7 +718,13 @@ func (s *server) groups(w http.ResponseWriter, r *http.Request) {
 type groupConfirmData struct {
 	Stream, Group string
 	Discard       bool
+	// Pending, Processing and Dead count the group's undelivered events
+	// when the confirmation was shown: what a discard deletes.
+	Pending, Processing, Dead int64
 }
+
+// Undelivered is what a discard would delete, as of the confirmation.
+func (d groupConfirmData) Undelivered() int64 { return d.Pending + d.Processing + d.Dead }
 
 // readGroup reads the stream and group of an unregister form.
 func (s *server) readGroup(r *http.Request) (groupConfirmData, int, string) {
@@ -737,6 +743,17 @@ func (s *server) groupConfirm(w http.ResponseWriter, r *http.Request) {
 	if status != 0 {
 		s.fail(w, r, status, msg)
 		return
+	}
+	// Say what "also discard" would delete, and how many.
+	groups, err := s.store.ListGroups(r.Context(), d.Stream)
+	if err != nil {
+		s.storeFailed(w, r, "list groups", err)
+		return
+	}
+	for _, g := range groups {
+		if g.Group == d.Group {
+			d.Pending, d.Processing, d.Dead = g.Pending, g.Processing, g.Dead
+		}
 	}
 	s.render(w, r, http.StatusOK, "groupconfirm", "", page{Title: "Confirm: unregister a group", Nav: "groups", Data: d})
 }
