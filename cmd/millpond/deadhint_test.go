@@ -64,3 +64,34 @@ func TestDeadListSaysWhereDeadLettersAre(t *testing.T) {
 		t.Errorf("dead list -all-groups: code %d, stderr %q", code, stderr)
 	}
 }
+
+// TestDeadDiscardSaysWhereDeadLettersAre: "dead discard -kind K" with a
+// mistyped kind, or "-group G -all" with a mistyped group, exited 3 with
+// "has no dead letters", which reads as "nothing to do" at 3 a.m. Stderr
+// now names the kinds the group's dead letters have, or the groups of the
+// stream that hold dead letters.
+func TestDeadDiscardSaysWhereDeadLettersAre(t *testing.T) {
+	db := bulkFixture(t, "sqlite")
+	flagDB := []string{"-db", db.URL}
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"-group", "billing", "-kind", "OrderPlacd"}, []string{"kinds", "OrderPlaced"}},
+		{[]string{"-group", "biling", "-all"}, []string{"billing (3)"}},
+		{[]string{"-kind", "OrderPlaced"}, []string{"billing (3)"}},
+	} {
+		code, _, stderr := cli(t, nil, append(append(flagDB, "dead", "discard", "-stream", "orders"), append(tc.args, "-dry-run")...)...)
+		if code != exitNothing {
+			t.Errorf("dead discard %v: code %d, want %d", tc.args, code, exitNothing)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(stderr, w) {
+				t.Errorf("dead discard %v: stderr %q does not mention %s", tc.args, stderr, w)
+			}
+		}
+	}
+	if n := db.Count(t, "SELECT COUNT(*) FROM millpond_deliveries WHERE status = 'dead_letter'"); n != 3 {
+		t.Fatalf("%d dead letters left, want 3", n)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -314,7 +315,8 @@ func cmdDeadDiscard(e *env, args []string) error {
 	}
 	if n == 0 {
 		fmt.Fprintln(e.stdout, "discarded 0 dead-lettered events")
-		return nothingf("dead discard: group %s of stream %s has no dead letters of %s", groupName(*group), *stream, ofKind)
+		return nothingf("dead discard: group %s of stream %s has no dead letters of %s%s", groupName(*group), *stream, ofKind,
+			whereDeadLettersAre(e, s, *stream, *group, *kind))
 	}
 	answer := *group
 	if answer == "" {
@@ -332,6 +334,55 @@ func cmdDeadDiscard(e *env, args []string) error {
 		return nothingf("dead discard: group %s of stream %s has no dead letters of %s any more", groupName(*group), *stream, ofKind)
 	}
 	return nil
+}
+
+// whereDeadLettersAre says, for a discard that matched nothing (a typo in
+// the group or kind?), which kinds the group's dead letters have, or which
+// groups of the stream hold dead letters; "" when it cannot tell.
+func whereDeadLettersAre(e *env, s *outbox.Store, stream, group, kind string) string {
+	stats, err := s.Stats(e.ctx)
+	if err != nil {
+		return ""
+	}
+	var holders []string
+	var inGroup int64
+	for _, st := range stats {
+		if st.Stream != stream || st.Dead == 0 {
+			continue
+		}
+		if st.Group == group {
+			inGroup = st.Dead
+		}
+		holders = append(holders, fmt.Sprintf("%s (%d)", groupName(st.Group), st.Dead))
+	}
+	if inGroup == 0 {
+		if len(holders) == 0 {
+			return "; stream " + stream + " has no dead letters in any group"
+		}
+		return "; groups of stream " + stream + " with dead letters: " + strings.Join(holders, ", ")
+	}
+	if kind == "" {
+		return ""
+	}
+	// The kinds among the group's oldest dead letters (one page).
+	dead, err := s.ListDead(e.ctx, outbox.DeadQuery{Stream: stream, Group: group, Limit: outbox.MaxBatch})
+	if err != nil || len(dead) == 0 {
+		return ""
+	}
+	seen := map[string]bool{}
+	var kinds []string
+	for _, d := range dead {
+		if !seen[d.Kind] {
+			seen[d.Kind] = true
+			kinds = append(kinds, d.Kind)
+		}
+	}
+	slices.Sort(kinds)
+	more := ""
+	if int64(len(dead)) < inGroup {
+		more = fmt.Sprintf(" (among its oldest %d)", len(dead))
+	}
+	return fmt.Sprintf("; its %d dead letters are of kinds%s: %s", inGroup, more, strings.Join(kinds, ", "))
 }
 
 const pendingRerouteUsage = `Usage: millpond pending reroute -stream S [-db URL]
