@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -168,6 +169,34 @@ func TestBulkDeletesNeedConfirmation(t *testing.T) {
 				t.Fatalf("purge of nothing: code %d, stdout %q", code, stdout)
 			}
 		})
+	}
+}
+
+// TestBulkConfirmInterrupted: Ctrl-C at the confirmation prompt (main
+// turns SIGINT into the context's cancellation) ends the command without
+// deleting anything, instead of waiting on stdin for a line.
+func TestBulkConfirmInterrupted(t *testing.T) {
+	db := bulkFixture(t, "sqlite")
+	stdin, w := io.Pipe() // the operator types nothing
+	defer w.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	var out, errb bytes.Buffer
+	e := &env{ctx: ctx, stdout: &out, stderr: &errb, getenv: func(string) string { return "" }, stdin: stdin, interactive: true}
+	done := make(chan int, 1)
+	go func() {
+		done <- runEnv(e, []string{"-db", db.URL, "dead", "discard", "-stream", "orders", "-group", "billing", "-all"})
+	}()
+	select {
+	case code := <-done:
+		if code != exitUsage || !strings.Contains(errb.String(), "interrupted") {
+			t.Fatalf("interrupted prompt: code %d, stderr %q", code, errb.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the prompt ignored the interrupt")
+	}
+	if n := db.Count(t, "SELECT COUNT(*) FROM millpond_deliveries WHERE status = 'dead_letter'"); n != 3 {
+		t.Fatalf("%d dead letters left after an interrupted prompt, want 3", n)
 	}
 }
 

@@ -61,9 +61,27 @@ func confirmBulk(e *env, b *bulkFlags, cmd, verb, answer, what, summary string) 
 		return &notConfirmedError{msg: fmt.Sprintf("%s: not confirmed, nothing was %s: add -yes to delete %s for good (or -dry-run to only count)", cmd, verb, what)}
 	}
 	fmt.Fprintf(e.stderr, "This deletes %s for good. Type %q to confirm: ", what, answer)
-	line, err := bufio.NewReader(e.stdin).ReadString('\n')
-	if err != nil && !errors.Is(err, io.EOF) {
-		return fmt.Errorf("%s: read the confirmation: %w", cmd, err)
+	// Read aside, so that Ctrl-C (which main turns into ctx's
+	// cancellation) ends the wait instead of being swallowed by it.
+	type reply struct {
+		line string
+		err  error
+	}
+	got := make(chan reply, 1)
+	go func() {
+		line, err := bufio.NewReader(e.stdin).ReadString('\n')
+		got <- reply{line, err}
+	}()
+	var line string
+	select {
+	case <-e.ctx.Done():
+		fmt.Fprintln(e.stderr)
+		return &notConfirmedError{msg: fmt.Sprintf("%s: interrupted; nothing was %s", cmd, verb)}
+	case r := <-got:
+		if r.err != nil && !errors.Is(r.err, io.EOF) {
+			return fmt.Errorf("%s: read the confirmation: %w", cmd, r.err)
+		}
+		line = r.line
 	}
 	if strings.TrimSpace(line) != answer {
 		return &notConfirmedError{msg: fmt.Sprintf("%s: the answer was not %q; nothing was %s", cmd, answer, verb)}
