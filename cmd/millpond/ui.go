@@ -44,7 +44,8 @@ func cmdUI(e *env, args []string) error {
 	if len(pos) > 0 {
 		return usagef("ui: unexpected argument %q", pos[0])
 	}
-	s, db, err := open(e, *dbFlag)
+	// Without the schema every page would be a 500: say so now.
+	s, db, err := openInstalled(e, *dbFlag)
 	if err != nil {
 		return err
 	}

@@ -123,3 +123,23 @@ func TestUIServes(t *testing.T) {
 		t.Errorf("a loopback address drew a warning: %s", stderr.String())
 	}
 }
+
+// TestUIRefusesMissingSchema: pointed at a database without the outbox
+// schema (the wrong database name, say), "millpond ui" started and served
+// every page as a 500 whose cause only its log showed. It now refuses to
+// start, as the other commands do, saying the schema is not installed.
+func TestUIRefusesMissingSchema(t *testing.T) {
+	for _, dialect := range testdb.Dialects {
+		t.Run(dialect, func(t *testing.T) {
+			db := testdb.New(t, dialect) // not migrated
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			var stdout, stderr lockedBuffer
+			code := run(ctx, []string{"-db", db.URL, "ui", "-addr", "127.0.0.1:0"}, &stdout, &stderr, func(string) string { return "" })
+			if code != exitFailure || !strings.Contains(stderr.String(), "the outbox schema is not installed") || stdout.String() != "" {
+				t.Fatalf("ui on a database without the schema: code %d, stdout %q, stderr %q; want %d and the schema named",
+					code, stdout.String(), stderr.String(), exitFailure)
+			}
+		})
+	}
+}
