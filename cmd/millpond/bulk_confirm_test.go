@@ -119,6 +119,12 @@ func TestBulkDeletesNeedConfirmation(t *testing.T) {
 			if code != exitUsage || !strings.Contains(stderr, `Type "billing" to confirm`) || dead() != 3 {
 				t.Fatalf("discard -all on a terminal, wrong answer: code %d, stderr %q, %d dead letters left", code, stderr, dead())
 			}
+			// stdin at its end at once: /dev/null, a character device like a
+			// terminal, as under cron. The hint is -yes.
+			code, _, stderr = cliTerminal(t, "", discard...)
+			if code != exitUsage || !strings.Contains(stderr, "add -yes") || dead() != 3 {
+				t.Fatalf("discard -all with stdin at its end: code %d, stderr %q, %d dead letters left", code, stderr, dead())
+			}
 			code, stdout, _ = cli(t, nil, append(discard, "-yes")...)
 			if code != exitOK || strings.TrimSpace(stdout) != "discarded 3 dead-lettered events" || dead() != 0 {
 				t.Fatalf("discard -all -yes: code %d, stdout %q, %d dead letters left", code, stdout, dead())

@@ -57,8 +57,10 @@ func confirmBulk(e *env, b *bulkFlags, cmd, verb, answer, what, summary string) 
 		return errDryRun
 	case b.yes:
 		return nil
-	case !e.interactive || e.stdin == nil:
-		return &notConfirmedError{msg: fmt.Sprintf("%s: not confirmed, nothing was %s: add -yes to delete %s for good (or -dry-run to only count)", cmd, verb, what)}
+	}
+	unconfirmed := &notConfirmedError{msg: fmt.Sprintf("%s: not confirmed, nothing was %s: add -yes to delete %s for good (or -dry-run to only count)", cmd, verb, what)}
+	if !e.interactive || e.stdin == nil {
+		return unconfirmed
 	}
 	fmt.Fprintf(e.stderr, "This deletes %s for good. Type %q to confirm: ", what, answer)
 	// Read aside, so that Ctrl-C (which main turns into ctx's
@@ -80,6 +82,12 @@ func confirmBulk(e *env, b *bulkFlags, cmd, verb, answer, what, summary string) 
 	case r := <-got:
 		if r.err != nil && !errors.Is(r.err, io.EOF) {
 			return fmt.Errorf("%s: read the confirmation: %w", cmd, r.err)
+		}
+		if r.err != nil && r.line == "" {
+			// No answer at all: stdin is /dev/null (a character device,
+			// so taken for a terminal, as under cron) or was closed.
+			fmt.Fprintln(e.stderr)
+			return unconfirmed
 		}
 		line = r.line
 	}
