@@ -152,6 +152,12 @@ func TestBulkDeletesNeedConfirmation(t *testing.T) {
 				t.Fatalf("unregister -discard confirmed on a terminal: code %d, %d rows, %d registrations", code, reserve(), registered())
 			}
 
+			// Now there is nothing left to do: the dry run says so as the
+			// command would, with exit 3.
+			if code, _, _ = cli(t, nil, append(unregister, "-dry-run")...); code != exitNothing {
+				t.Fatalf("unregister -discard -dry-run of a retired group: code %d, want %d", code, exitNothing)
+			}
+
 			// purge: the one delivered event.
 			time.Sleep(5 * time.Millisecond) // delivered_at is strictly in the past
 			delivered := func() int64 {

@@ -177,6 +177,9 @@ func cmdGroupsUnregister(e *env, args []string) error {
 				return err
 			}
 		} else if bulk.dryRun {
+			if !g.Registered {
+				return nothingf("groups unregister: group %s is not registered for stream %s and has no undelivered events", *group, *stream)
+			}
 			return confirmBulk(e, bulk, "groups unregister", "changed", *group, "",
 				fmt.Sprintf("group %s of stream %s has no undelivered events to discard (registered: %t)", *group, *stream, g.Registered))
 		}
