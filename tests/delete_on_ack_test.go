@@ -250,6 +250,9 @@ func testDeleteOnAckPurge(t *testing.T, e *env) {
 	e.enqueue(event("s", "young-pending"))
 	// old1-3, old-other-stream and old-pending are old and have no row left;
 	// young has none but is younger; old-dead and young-pending keep rows.
+	if n, err := e.s.CountPurgeable(e.ctx, time.Hour); err != nil || n != 5 {
+		t.Fatalf("CountPurgeable: %d, %v; want the 5 old events without rows", n, err)
+	}
 	var total int64
 	for _, want := range []int64{2, 2, 1, 0} {
 		n, err := e.s.Purge(e.ctx, time.Hour, 2)

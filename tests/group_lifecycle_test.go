@@ -489,6 +489,22 @@ func testDiscardDeadChunks(t *testing.T, e *env) {
 	if got := e.groupRows("s", "", outbox.StatusDead); got != n {
 		t.Fatalf("dead letters: %d, want %d", got, n)
 	}
+	// CountDead counts what they would discard, across chunks, and
+	// deletes nothing.
+	for _, c := range []struct {
+		sel  outbox.DeadSelector
+		want int64
+	}{{outbox.DeadSelector{Stream: "s", Kind: "B"}, n / 2}, {outbox.DeadSelector{Stream: "s", All: true}, n}, {outbox.DeadSelector{Stream: "s", Group: "g", All: true}, 0}} {
+		if got, err := e.s.CountDead(e.ctx, c.sel); err != nil || got != c.want {
+			t.Fatalf("CountDead(%+v): %d, %v; want %d", c.sel, got, err, c.want)
+		}
+	}
+	if _, err := e.s.CountDead(e.ctx, outbox.DeadSelector{Stream: "s", IDs: []int64{1}}); !errors.Is(err, outbox.ErrInvalidSelector) {
+		t.Fatalf("CountDead by ids: %v, want ErrInvalidSelector", err)
+	}
+	if got := e.groupRows("s", "", outbox.StatusDead); got != n {
+		t.Fatalf("dead letters after CountDead: %d, want %d", got, n)
+	}
 	if got, err := e.s.DiscardDead(e.ctx, outbox.DeadSelector{Stream: "s", Kind: "B"}); err != nil || got != n/2 {
 		t.Fatalf("discard kind B: %d, %v; want %d", got, err, n/2)
 	}

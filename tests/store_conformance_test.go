@@ -1291,6 +1291,15 @@ func testPurge(t *testing.T, e *env) {
 		}
 	}
 	e.clock.Advance(30 * time.Minute)
+	// CountPurgeable counts what Purge would delete, and deletes nothing.
+	for horizon, want := range map[time.Duration]int64{2 * time.Hour: 0, time.Hour: 2, 0: 3} {
+		if n, err := e.s.CountPurgeable(e.ctx, horizon); err != nil || n != want {
+			t.Fatalf("CountPurgeable(%s): %d, %v; want %d", horizon, n, err, want)
+		}
+	}
+	if _, err := e.s.CountPurgeable(e.ctx, -time.Second); !errors.Is(err, outbox.ErrInvalidHorizon) {
+		t.Fatalf("CountPurgeable(-1s): %v, want ErrInvalidHorizon", err)
+	}
 	// Horizon 2h: nothing is that old.
 	if n, err := e.s.Purge(e.ctx, 2*time.Hour, 100); err != nil || n != 0 {
 		t.Fatalf("purge 2h: %d, %v", n, err)
