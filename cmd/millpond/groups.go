@@ -159,7 +159,9 @@ func cmdGroupsUnregister(e *env, args []string) error {
 		return err
 	}
 	defer s.Close()
-	if *discard {
+	if *discard && !bulk.yes {
+		// Count and confirm first (-yes skips the count, which reads the
+		// stream's whole backlog).
 		groups, err := s.ListGroups(e.ctx, *stream)
 		if err != nil {
 			return db.fail("list groups in", err)
@@ -312,30 +314,37 @@ func cmdDeadDiscard(e *env, args []string) error {
 	if *kind != "" {
 		ofKind = "kind " + *kind
 	}
-	n, err := s.CountDead(e.ctx, sel)
-	if err != nil {
-		return db.fail("count dead letters in", err)
-	}
-	if n == 0 {
+	none := func() error {
 		fmt.Fprintln(e.stdout, "discarded 0 dead-lettered events")
 		return nothingf("dead discard: group %s of stream %s has no dead letters of %s%s", groupName(*group), *stream, ofKind,
 			whereDeadLettersAre(e, s, *stream, *group, *kind))
 	}
-	answer := *group
-	if answer == "" {
-		answer = *stream
-	}
-	if err := confirmBulk(e, bulk, "dead discard", "discarded", answer, fmt.Sprintf("these %d dead-lettered events", n),
-		fmt.Sprintf("would discard %d dead-lettered events of %s in group %s of stream %s", n, ofKind, groupName(*group), *stream)); err != nil {
-		return err
+	if !bulk.yes {
+		// Count and confirm first (-yes skips the count: a script's run
+		// costs and prints what it did before).
+		n, err := s.CountDead(e.ctx, sel)
+		if err != nil {
+			return db.fail("count dead letters in", err)
+		}
+		if n == 0 {
+			return none()
+		}
+		answer := *group
+		if answer == "" {
+			answer = *stream
+		}
+		if err := confirmBulk(e, bulk, "dead discard", "discarded", answer, fmt.Sprintf("these %d dead-lettered events", n),
+			fmt.Sprintf("would discard %d dead-lettered events of %s in group %s of stream %s", n, ofKind, groupName(*group), *stream)); err != nil {
+			return err
+		}
 	}
 	if err := discard(sel); err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "discarded %d dead-lettered events\n", total)
 	if total == 0 {
-		return nothingf("dead discard: group %s of stream %s has no dead letters of %s any more", groupName(*group), *stream, ofKind)
+		return none()
 	}
+	fmt.Fprintf(e.stdout, "discarded %d dead-lettered events\n", total)
 	return nil
 }
 

@@ -895,24 +895,28 @@ func cmdPurge(e *env, args []string) error {
 	if *deleteOnAck {
 		what = "delivered events and events no delivery row points at"
 	}
-	n, err := s.CountPurgeable(e.ctx, *olderThan)
-	if err != nil {
-		return db.fail("count the events to purge in", err)
+	if !bulk.yes {
+		// Count and confirm first. -yes (a scheduled purge) skips the
+		// count, a read of every purgeable row, and purges as before.
+		n, err := s.CountPurgeable(e.ctx, *olderThan)
+		if err != nil {
+			return db.fail("count the events to purge in", err)
+		}
+		if *limit > 0 {
+			n = min(n, *limit)
+		}
+		if n == 0 {
+			fmt.Fprintf(e.stdout, "purged 0 %s older than %s\n", what, *olderThan)
+			return nil
+		}
+		if err := confirmBulk(e, bulk, "purge", "purged", strconv.FormatInt(n, 10), fmt.Sprintf("these %d events", n),
+			fmt.Sprintf("would purge %d %s older than %s", n, what, *olderThan)); err != nil {
+			return err
+		}
+		// At most what was counted and confirmed: events delivered
+		// since wait for the next purge.
+		*limit = n
 	}
-	if *limit > 0 {
-		n = min(n, *limit)
-	}
-	if n == 0 {
-		fmt.Fprintf(e.stdout, "purged 0 %s older than %s\n", what, *olderThan)
-		return nil
-	}
-	if err := confirmBulk(e, bulk, "purge", "purged", strconv.FormatInt(n, 10), fmt.Sprintf("these %d events", n),
-		fmt.Sprintf("would purge %d %s older than %s", n, what, *olderThan)); err != nil {
-		return err
-	}
-	// At most what was counted and confirmed: events delivered since
-	// wait for the next purge.
-	*limit = n
 	var total int64
 	for *limit == 0 || total < *limit {
 		chunk := int64(purgeChunk)
