@@ -122,9 +122,10 @@ consumer drain them first, or add -discard to delete the group's undelivered eve
 stay listable. Delivered rows stay until purge. Exits 3 when the group is not
 registered and has nothing to discard.
 
-With -discard it first prints how many events of the group it would delete, and
-deletes them only when confirmed: with -yes, or on a terminal by typing the group's
-name. Otherwise nothing is changed and it exits 2. -dry-run only prints the counts.
+With -discard it deletes only when confirmed: -yes deletes at once (for scripts);
+without it, it prints how many events of the group it would delete and asks, on a
+terminal, for the group's name. Otherwise nothing is changed and it exits 2.
+-dry-run only prints the counts.
 `
 
 func cmdGroupsUnregister(e *env, args []string) error {
@@ -226,10 +227,10 @@ dead letters of one consumer group (default: the default group) of one kind or a
 of them. Events that are not dead letters are left alone. Exits 3 when nothing
 matched.
 
-With -kind or -all it first prints how many dead letters match, and deletes them
-only when confirmed: with -yes, or on a terminal by typing the group's name (the
-stream's for the default group). Otherwise nothing is deleted and it exits 2.
--dry-run only prints the count.
+With -kind or -all it deletes only when confirmed: -yes deletes at once (for
+scripts); without it, it prints how many dead letters match and asks, on a terminal,
+for the group's name (the stream's for the default group). Otherwise nothing is
+deleted and it exits 2. -dry-run only prints the count.
 `
 
 func cmdDeadDiscard(e *env, args []string) error {

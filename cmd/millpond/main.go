@@ -85,9 +85,10 @@ Delete events delivered more than D ago (e.g. 7d or 168h). Their keys may then b
 enqueued again. With -delete-on-ack (stores that delete acknowledged rows), also
 delete events enqueued more than D ago that no delivery row points at.
 
-It first prints how many events it would delete, and deletes them only when
-confirmed: with -yes (scheduled purges need it), or on a terminal by typing that
-count. Otherwise nothing is deleted and it exits 2. -dry-run only prints the count.
+It deletes only when confirmed: -yes deletes at once (scheduled purges need it);
+without it, it prints how many events it would delete and asks, on a terminal, for
+that count, then deletes at most that many. Otherwise nothing is deleted and it
+exits 2. -dry-run only prints the count.
 `
 
 // purgeChunk is how many rows one Purge statement deletes at most, so a
