@@ -33,9 +33,10 @@
 // process list and stays in the shell's history: set MILLPOND_DATABASE_URL
 // (and MILLPOND_NATS_URL) instead.
 // Commands that delete many events at once (dead discard -kind or -all,
-// groups unregister -discard, purge) print how many they would delete and
-// delete them only when confirmed: with -yes, or on a terminal by typing
-// what they ask for; -dry-run only counts.
+// groups unregister -discard, purge) delete only when confirmed: -yes
+// deletes at once; without it they print how many they would delete and,
+// on a terminal, ask for a name or the count to be typed; -dry-run only
+// counts.
 // The exit code is 0 on success, 1 when the command failed, 2 for a usage
 // error or a bulk deletion not confirmed, and 3 when a command that changes
 // events or groups matched none.
@@ -131,8 +132,9 @@ reroutes keep the events (the keys' idempotency records) for purge, as those
 stores do.
 
 Bulk deletions (dead discard -kind or -all, groups unregister -discard, purge)
-print how many events they would delete and delete them only when confirmed:
-with -yes, or on a terminal by typing what they ask for. -dry-run only counts.
+delete only when confirmed: -yes deletes at once; without it they print how
+many events they would delete and, on a terminal, ask for a name or the count
+to be typed. -dry-run only counts.
 
 Run "millpond <command> -h" for a command's flags.
 
