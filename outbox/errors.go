@@ -47,6 +47,12 @@ var (
 	// CheckSchema when the database holds no millpond table at all (as
 	// opposed to a schema whose migrations are not all applied).
 	ErrSchemaNotInstalled = sqlcore.ErrSchemaNotInstalled
+	// ErrMigrationLockTimeout is wrapped by Migrate and MigrateDown when
+	// their context ended while another transaction held a table they must
+	// lock, through every try (see WithMigrationLockTimeout). The try in
+	// progress was rolled back: the schema is at an earlier version, usable
+	// by the version running on it; run the migration again.
+	ErrMigrationLockTimeout = sqlcore.ErrMigrationLockTimeout
 	// ErrInvalidSelector reports a DeadSelector that names none or more than
 	// one of ids, a kind, or all of a group.
 	ErrInvalidSelector = sqlcore.ErrInvalidSelector

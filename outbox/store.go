@@ -60,6 +60,7 @@ type storeOptions struct {
 	listen      bool
 	notifyEvery time.Duration
 	deleteOnAck bool
+	lockTimeout time.Duration
 
 	meterProvider  metric.MeterProvider
 	tracerProvider trace.TracerProvider
@@ -135,6 +136,31 @@ func WithDeleteOnAck() Option {
 	return func(o *storeOptions) { o.deleteOnAck = true }
 }
 
+// DefaultMigrationLockTimeout is how long Migrate and MigrateDown wait, at
+// most, for each lock on a table, unless WithMigrationLockTimeout sets
+// another.
+const DefaultMigrationLockTimeout = sqlcore.DefaultMigrationLockTimeout
+
+// WithMigrationLockTimeout bounds each wait of Migrate and MigrateDown for
+// a lock on a table (default DefaultMigrationLockTimeout; d <= 0 keeps the
+// default). A migration that waits for a table lock (migration 0004 locks
+// millpond_outbox, or renames it on MySQL and MariaDB) holds up every
+// other session of the table behind its pending request, so a long
+// transaction of a replica still running would otherwise stall the
+// application for as long as it lasts. When a wait times out, the try is
+// rolled back and run again after a backoff (from d, doubling, at most
+// 30 s), with a warning to the WithLogger logger, until Migrate's context
+// ends; it then returns an error wrapping ErrMigrationLockTimeout. Other
+// sessions are held up at most d at a time. PostgreSQL uses it as the
+// migration transaction's lock_timeout; MySQL and MariaDB as the
+// migration session's lock_wait_timeout and innodb_lock_wait_timeout, in
+// whole seconds (rounded up), restored afterwards. SQLite's busy timeout
+// already bounds its wait, which holds up no one; a try it ends is run
+// again the same way.
+func WithMigrationLockTimeout(d time.Duration) Option {
+	return func(o *storeOptions) { o.lockTimeout = d }
+}
+
 func buildOptions(opts []Option) storeOptions {
 	o := storeOptions{listen: true, logger: slog.New(slog.DiscardHandler), notifyEvery: DefaultNotifyEvery, statsInterval: DefaultStatsInterval}
 	for _, opt := range opts {
@@ -158,6 +184,9 @@ func newStore(d sqlcore.Dialect, db sqlcore.DB, o storeOptions) (*Store, error) 
 	}
 	if o.deleteOnAck {
 		coreOpts = append(coreOpts, sqlcore.WithDeleteOnAck())
+	}
+	if o.lockTimeout > 0 {
+		coreOpts = append(coreOpts, sqlcore.WithMigrationLockTimeout(o.lockTimeout))
 	}
 	core, err := sqlcore.New(d, db, coreOpts...)
 	if err != nil {
@@ -312,6 +341,14 @@ func (s *Store) Close() error {
 // for as long as ctx allows, so give a long migration a long context). It
 // records the applied steps in its own table; migrate a database with it or
 // with an external tool (see MigrationsFS), not both.
+//
+// Each wait for a lock on a table is bounded (WithMigrationLockTimeout):
+// while a transaction of another session holds the table, Migrate rolls
+// its try back and tries again after a backoff, so the application's
+// statements queued behind it run, until ctx ends; it then returns an
+// error wrapping ErrMigrationLockTimeout and the schema stays at the
+// version it had (on MySQL and MariaDB, with the steps completed before).
+// Give it a context with a deadline.
 func (s *Store) Migrate(ctx context.Context) error {
 	if err := s.core.Migrate(ctx); err != nil {
 		return fmt.Errorf("outbox: migrate: %w", err)
@@ -336,7 +373,8 @@ func (s *Store) CheckSchema(ctx context.Context) error {
 	return nil
 }
 
-// MigrateDown removes the outbox schema and every event in it.
+// MigrateDown removes the outbox schema and every event in it. Its lock
+// waits are bounded and retried as Migrate's are.
 func (s *Store) MigrateDown(ctx context.Context) error {
 	s.schemaOK.Store(false)
 	if err := s.core.MigrateDown(ctx); err != nil {

@@ -28,6 +28,9 @@ type Core struct {
 	onConflict func(what string, err error, wait time.Duration)
 	// deleteOnAck: acknowledgements delete delivery rows (WithDeleteOnAck).
 	deleteOnAck bool
+	// migrationLockTimeout bounds each lock wait of a migration
+	// (WithMigrationLockTimeout); 0 means DefaultMigrationLockTimeout.
+	migrationLockTimeout time.Duration
 }
 
 // Option configures a Core.

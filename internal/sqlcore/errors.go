@@ -47,6 +47,13 @@ var (
 	// ErrSchemaNotInstalled is wrapped, with ErrSchemaOutdated, when the
 	// database holds no millpond table at all.
 	ErrSchemaNotInstalled = errors.New("no millpond tables")
+	// ErrMigrationLockTimeout reports a migration that could not take the
+	// table locks it needs before its context ended: another transaction
+	// held them through every try (each bounded by the migration lock
+	// timeout). The try in progress was rolled back (on MySQL and MariaDB
+	// the steps an earlier try completed stay applied): the schema is left
+	// at an earlier version, usable by the version that runs on it.
+	ErrMigrationLockTimeout = errors.New("the migration could not take its table locks: another transaction held them until the context ended")
 	// ErrInvalidSelector reports a selection of events that names none or
 	// more than one of its alternatives (ids, a kind, all of a group).
 	ErrInvalidSelector = errors.New("invalid selector")

@@ -11,6 +11,10 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Migrations holds the schema as plain SQL files, one folder per dialect,
@@ -139,7 +143,7 @@ func (c *Core) MigrateReport(ctx context.Context) (MigrateResult, error) {
 		return MigrateResult{}, err
 	}
 	var res MigrateResult
-	err = c.underMigrationLock(ctx, func(tx Tx) error {
+	err = c.underMigrationLock(ctx, "migrate", func(tx Tx) error {
 		res = MigrateResult{}
 		if _, err := tx.ExecContext(ctx, c.stmts.migrationsDDL); err != nil {
 			return fmt.Errorf("create migrations table: %w", err)
@@ -248,7 +252,7 @@ func (c *Core) MigrateDown(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.underMigrationLock(ctx, func(tx Tx) error {
+	return c.underMigrationLock(ctx, "migrate down", func(tx Tx) error {
 		for i := len(migrations) - 1; i >= 0; i-- {
 			if migrations[i].Version == sharedEventsVersion && c.dialect == SQLite {
 				// SQLite's down step starts with DROP VIEW, which fails on
@@ -276,23 +280,170 @@ func (c *Core) MigrateDown(ctx context.Context) error {
 
 const migrateLockKey = 7_311_042_655_112_001
 
-// underMigrationLock runs fn in a transaction that holds the migration lock.
+// DefaultMigrationLockTimeout bounds each wait of a migration for a lock on
+// a table (see WithMigrationLockTimeout).
+const DefaultMigrationLockTimeout = 3 * time.Second
+
+// Backoff between two tries of a migration whose lock wait timed out: from
+// the lock timeout itself (the application gets at least as long to run as
+// it was held up), doubling, jittered, at most migrationRetryMax.
+const migrationRetryMax = 30 * time.Second
+
+// WithMigrationLockTimeout bounds each wait of Migrate and MigrateDown for
+// a lock on a table (default DefaultMigrationLockTimeout; d <= 0 keeps
+// it). When a wait times out the try is rolled back and run again after a
+// backoff, until ctx ends. PostgreSQL sets it as the transaction's
+// lock_timeout; MySQL and MariaDB as the session's lock_wait_timeout and
+// innodb_lock_wait_timeout, in whole seconds (rounded up), restored after
+// the migration.
+func WithMigrationLockTimeout(d time.Duration) Option {
+	return func(c *Core) {
+		if d > 0 {
+			c.migrationLockTimeout = d
+		}
+	}
+}
+
+// lockTimeout returns the migration lock timeout in force.
+func (c *Core) lockTimeout() time.Duration {
+	if c.migrationLockTimeout > 0 {
+		return c.migrationLockTimeout
+	}
+	return DefaultMigrationLockTimeout
+}
+
+// underMigrationLock runs fn in a transaction that holds the migration lock,
+// with every wait for a table lock bounded by the migration lock timeout
+// (see boundLockWaits). A try whose lock wait timed out (or that a
+// deadlock or SQLite's busy timeout ended) is rolled back and run again
+// after a backoff while ctx lasts: the other sessions of the table, queued
+// behind the migration's pending lock, then run. fn must be safe to run
+// again after a failed try: on PostgreSQL and SQLite the rollback undoes
+// it; on MySQL and MariaDB each DDL statement commits on its own and every
+// step is written to continue from wherever an earlier try stopped.
+//
 // On PostgreSQL the transaction is READ COMMITTED whatever the server's
 // default: a replica that waited for the lock then reads what the winner
 // committed (under REPEATABLE READ it would read a snapshot from before,
 // find nothing applied and run the first step again on the new schema).
-func (c *Core) underMigrationLock(ctx context.Context, fn func(Tx) error) error {
+func (c *Core) underMigrationLock(ctx context.Context, what string, fn func(Tx) error) error {
 	var opts *sql.TxOptions
 	if c.dialect == Postgres {
 		opts = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 	}
-	return inTx(ctx, c.db, opts, func(tx Tx) error {
-		if err := c.lock(ctx, tx); err != nil {
+	timeout := c.lockTimeout()
+	var timedOut int
+	var lastLockErr, last error
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     timeout,
+		RandomizationFactor: 0.5,
+		Multiplier:          2,
+		MaxInterval:         max(migrationRetryMax, timeout),
+	}
+	_, err := backoff.Retry(ctx, func() (struct{}, error) {
+		last = inTx(ctx, c.db, opts, func(tx Tx) error {
+			if err := c.lock(ctx, tx); err != nil {
+				return err
+			}
+			defer c.unlock(ctx, tx)
+			restore, err := c.boundLockWaits(ctx, tx, timeout)
+			if err != nil {
+				return err
+			}
+			defer restore()
+			return fn(tx)
+		})
+		switch {
+		case last == nil:
+			return struct{}{}, nil
+		case ctx.Err() == nil && lockWaitEnded(c.db, last):
+			timedOut++
+			lastLockErr = last
+			return struct{}{}, last
+		}
+		return struct{}{}, backoff.Permanent(last)
+	},
+		backoff.WithBackOff(b),
+		backoff.WithMaxElapsedTime(0),
+		backoff.WithNotify(func(err error, wait time.Duration) {
+			if c.onConflict != nil {
+				c.onConflict(what+" (a lock wait timed out: another transaction holds the table)", err, wait)
+			}
+		}))
+	if err == nil {
+		return nil
+	}
+	if timedOut > 0 && ctx.Err() != nil {
+		return fmt.Errorf("%s: %w: %d tries each waited %s for a lock another transaction held (last: %w); stopped: %w",
+			what, ErrMigrationLockTimeout, timedOut, timeout, lastLockErr, context.Cause(ctx))
+	}
+	if last != nil && !errors.Is(err, last) {
+		return fmt.Errorf("%w (stopped: %w)", last, err)
+	}
+	return err
+}
+
+// lockWaitEnded reports an error that ended a migration's try because a
+// lock was not granted in time: PostgreSQL's lock_not_available (the
+// lock_timeout) or deadlock, MySQL's lock wait timeout or deadlock, or
+// SQLite's busy database (see retryable).
+func lockWaitEnded(db DB, err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code == "55P03" || pe.Code == "40P01"
+	}
+	return retryable(db, err)
+}
+
+// boundLockWaits bounds the migration's waits for table locks by timeout,
+// once the migration lock is held (another migration is waited for as long
+// as ctx allows): PostgreSQL's lock_timeout for the transaction (SET LOCAL
+// ends with it); MySQL's and MariaDB's lock_wait_timeout (metadata locks:
+// RENAME, ALTER, TRUNCATE) and innodb_lock_wait_timeout (rows) for the
+// session, in whole seconds, which the returned function restores before
+// the connection goes back to the pool. SQLite needs nothing: a session
+// waiting for its write lock polls in the busy handler and holds up no one,
+// and its busy timeout already bounds the wait.
+func (c *Core) boundLockWaits(ctx context.Context, tx Tx, timeout time.Duration) (restore func(), err error) {
+	switch c.dialect {
+	case Postgres:
+		ms := (timeout + time.Millisecond - 1) / time.Millisecond
+		if _, err := tx.ExecContext(ctx, fmt.Sprintf("SET LOCAL lock_timeout = '%dms'", ms)); err != nil {
+			return nil, fmt.Errorf("set the migration's lock timeout: %w", err)
+		}
+	case MySQL:
+		var mdl, row int64
+		rows, err := tx.QueryContext(ctx, "SELECT @@SESSION.lock_wait_timeout, @@SESSION.innodb_lock_wait_timeout")
+		if err != nil {
+			return nil, fmt.Errorf("read the session's lock timeouts: %w", err)
+		}
+		if rows.Next() {
+			err = rows.Scan(&mdl, &row)
+		}
+		if err == nil {
+			err = rowsErr(rows)
+		}
+		rows.Close()
+		if err != nil {
+			return nil, fmt.Errorf("read the session's lock timeouts: %w", err)
+		}
+		secs := int64((timeout + time.Second - 1) / time.Second)
+		set := func(ctx context.Context, mdl, row int64) error {
+			_, err := tx.ExecContext(ctx, fmt.Sprintf("SET SESSION lock_wait_timeout = %d, innodb_lock_wait_timeout = %d", mdl, row))
 			return err
 		}
-		defer c.unlock(ctx, tx)
-		return fn(tx)
-	})
+		if err := set(ctx, secs, secs); err != nil {
+			return nil, fmt.Errorf("set the migration's lock timeout: %w", err)
+		}
+		return func() {
+			// Restored even when ctx has ended: the connection goes back
+			// to the pool.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = set(rctx, mdl, row)
+		}, nil
+	}
+	return func() {}, nil
 }
 
 func (c *Core) lock(ctx context.Context, tx Tx) error {
