@@ -37,9 +37,9 @@ func insertV3(ctx context.Context, ex interface {
 	return err
 }
 
-func openV3Store(t *testing.T, db *testdb.Database) *outbox.Store {
+func openV3Store(t *testing.T, db *testdb.Database, opts ...outbox.Option) *outbox.Store {
 	t.Helper()
-	s := unmigratedStore(t, db)
+	s := unmigratedStore(t, db, opts...)
 	installVersion3(t, s.SQLDB(), db.Dialect)
 	return s
 }

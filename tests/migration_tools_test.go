@@ -161,17 +161,17 @@ func TestGolangMigrateRunsMigrationsFS(t *testing.T) {
 }
 
 // unmigratedStore opens a Store over the test database without migrating.
-func unmigratedStore(t *testing.T, db *testdb.Database) *outbox.Store {
+func unmigratedStore(t *testing.T, db *testdb.Database, opts ...outbox.Option) *outbox.Store {
 	t.Helper()
 	var s *outbox.Store
 	var err error
 	switch db.Dialect {
 	case "postgres":
-		s, err = postgres.New(db.Pool, outbox.WithoutListen())
+		s, err = postgres.New(db.Pool, append([]outbox.Option{outbox.WithoutListen()}, opts...)...)
 	case "mysql":
-		s, err = mysqlstore.New(db.SQL)
+		s, err = mysqlstore.New(db.SQL, opts...)
 	default:
-		s, err = sqlite.New(db.SQL)
+		s, err = sqlite.New(db.SQL, opts...)
 	}
 	if err != nil {
 		t.Fatal(err)

@@ -374,13 +374,20 @@ func (c *Core) underMigrationLock(ctx context.Context, what string, fn func(Tx) 
 		return nil
 	}
 	if timedOut > 0 && ctx.Err() != nil {
-		return fmt.Errorf("%s: %w: %d tries each waited %s for a lock another transaction held (last: %w); stopped: %w",
-			what, ErrMigrationLockTimeout, timedOut, timeout, lastLockErr, context.Cause(ctx))
+		return fmt.Errorf("%w: %d %s timed out after waiting %s for a lock (last: %w); stopped: %w",
+			ErrMigrationLockTimeout, timedOut, plural(timedOut, "try", "tries"), timeout, lastLockErr, context.Cause(ctx))
 	}
 	if last != nil && !errors.Is(err, last) {
 		return fmt.Errorf("%w (stopped: %w)", last, err)
 	}
 	return err
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 // lockWaitEnded reports an error that ended a migration's try because a

@@ -1,0 +1,288 @@
+package tests
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/millpond/millpond/internal/testdb"
+	"github.com/millpond/millpond/outbox"
+)
+
+// During a rolling update a replica of the previous version may hold a long
+// transaction on millpond_outbox while the first replica of the new version
+// runs Migrate. Migration 0004 locks the table (PostgreSQL: ACCESS
+// EXCLUSIVE; MariaDB and MySQL: the metadata lock of its RENAME), and every
+// other session of the table queues behind that pending request: Migrate
+// used to wait without bound, and the application stalled for as long as
+// the long transaction lasted. Each lock wait is now bounded by the
+// migration lock timeout; the try is rolled back and run again later.
+
+// migrationLockTimeouts are the short timeouts of these tests; MariaDB and
+// MySQL count whole seconds.
+var migrationLockTimeouts = map[string]time.Duration{"postgres": 300 * time.Millisecond, "mysql": time.Second}
+
+// holdOutbox opens the long transaction of an old replica: on PostgreSQL a
+// row update (its lock on the table conflicts with ACCESS EXCLUSIVE), on
+// MariaDB and MySQL a read (its metadata lock lasts until the transaction
+// ends, and RENAME waits for it).
+func holdOutbox(t *testing.T, ctx context.Context, sdb *sql.DB, dialect, table string) *sql.Tx {
+	t.Helper()
+	long, err := sdb.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = long.Rollback() })
+	q := "UPDATE " + table + " SET attempts = attempts WHERE id = (SELECT MIN(id) FROM " + table + ")"
+	if dialect == "mysql" {
+		q = "SELECT COUNT(*) FROM " + table
+	}
+	if _, err := long.ExecContext(ctx, q); err != nil {
+		t.Fatal(err)
+	}
+	return long
+}
+
+// timedOp runs op with a context of twice bound and fails the test when it
+// fails or takes longer than bound.
+func timedOp(t *testing.T, ctx context.Context, what string, bound time.Duration, op func(context.Context) error) {
+	t.Helper()
+	opCtx, cancel := context.WithTimeout(ctx, 2*bound)
+	defer cancel()
+	start := time.Now()
+	err := op(opCtx)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("%s while the migration waits for the long transaction: %v after %s (the migration's pending lock holds the table)", what, err, took.Round(time.Millisecond))
+	}
+	if took > bound {
+		t.Fatalf("%s while the migration waits for the long transaction took %s, want at most %s", what, took.Round(time.Millisecond), bound)
+	}
+}
+
+// TestMigrationLockWaitIsBounded: while an old replica's long transaction
+// holds millpond_outbox, Migrate waits for its lock at most the lock
+// timeout at a time, so the other sessions' writes and reads of the table
+// complete within about that bound. Once the long transaction ends the
+// migration succeeds with every row.
+func TestMigrationLockWaitIsBounded(t *testing.T) {
+	for _, dialect := range []string{"postgres", "mysql"} {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			timeout := migrationLockTimeouts[dialect]
+			db := testdb.New(t, dialect)
+			s := openV3Store(t, db, outbox.WithMigrationLockTimeout(timeout))
+			sdb := s.SQLDB()
+			writeVersion3(t, sdb, dialect, v4Rows())
+			before := len(dumpOutbox(t, sdb, dialect))
+
+			long := holdOutbox(t, ctx, sdb, dialect, "millpond_outbox")
+			done := make(chan error, 1)
+			go func() { done <- s.Migrate(ctx) }()
+			waitForLockWait(t, sdb, dialect, done)
+
+			// (a) Over several of the migration's tries, every write and
+			// read of the table completes within the timeout and a margin.
+			bound := timeout + time.Second
+			var committed sync.Map
+			for i, end := 0, time.Now().Add(3*timeout+time.Second); time.Now().Before(end); i++ {
+				key := fmt.Sprintf("live-%d", i)
+				timedOp(t, ctx, "an enqueue of an old replica", bound, func(ctx context.Context) error {
+					return insertV3(ctx, sdb, dialect, key)
+				})
+				committed.Store(key, true)
+				timedOp(t, ctx, "a read of an old replica", bound, func(ctx context.Context) error {
+					var n int
+					return sdb.QueryRowContext(ctx, "SELECT COUNT(*) FROM millpond_outbox").Scan(&n)
+				})
+				time.Sleep(20 * time.Millisecond)
+			}
+			select {
+			case err := <-done:
+				t.Fatalf("the migration ended while the long transaction held the table: %v", err)
+			default:
+			}
+
+			// (b) The long transaction ends; the next try succeeds and
+			// keeps every row.
+			if err := long.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("migrate: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the migration did not complete within 10 s of the long transaction's end")
+			}
+			if err := s.CheckSchema(ctx); err != nil {
+				t.Errorf("schema after the migration: %v", err)
+			}
+			n, lost := lostEnqueues(t, ctx, sdb, "millpond_events", &committed)
+			t.Logf("%d enqueues of the old replica committed while the migration retried", n)
+			if lost > 0 {
+				t.Errorf("%d of the %d enqueues committed while the migration retried are not in the migrated schema", lost, n)
+			}
+			if got := db.Count(t, "SELECT COUNT(*) FROM millpond_deliveries"); got != int64(before+n) {
+				t.Errorf("%d delivery rows, want %d", got, before+n)
+			}
+		})
+	}
+}
+
+// TestMigrationLockTimeoutEndsWithTheContext: when Migrate's context ends
+// while the long transaction still holds the table, Migrate returns an
+// error wrapping ErrMigrationLockTimeout (and the context's), soon after
+// the deadline; the schema stays at version 3, the old replicas keep
+// working on it, and a later Migrate completes with every row.
+func TestMigrationLockTimeoutEndsWithTheContext(t *testing.T) {
+	for _, dialect := range []string{"postgres", "mysql"} {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			timeout := migrationLockTimeouts[dialect]
+			db := testdb.New(t, dialect)
+			s := openV3Store(t, db, outbox.WithMigrationLockTimeout(timeout))
+			sdb := s.SQLDB()
+			writeVersion3(t, sdb, dialect, v4Rows())
+
+			long := holdOutbox(t, ctx, sdb, dialect, "millpond_outbox")
+			wait := 3 * timeout
+			short, cancel := context.WithTimeout(ctx, wait)
+			defer cancel()
+			start := time.Now()
+			err := s.Migrate(short)
+			took := time.Since(start)
+			if !errors.Is(err, outbox.ErrMigrationLockTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Migrate while the table is held until its context ends: %v, want ErrMigrationLockTimeout and DeadlineExceeded", err)
+			}
+			t.Logf("after %s: %v", took.Round(time.Millisecond), err)
+			if took > wait+timeout+time.Second {
+				t.Errorf("Migrate returned %s after its context's deadline of %s", took-wait, wait)
+			}
+			if strings.Contains(err.Error(), db.URL) || strings.Contains(err.Error(), "://") {
+				t.Errorf("the error quotes the database's address: %v", err)
+			}
+
+			// The schema is at version 3 and the old replicas' writes go
+			// through at once, the long transaction still open.
+			if v := db.Count(t, "SELECT MAX(version) FROM millpond_schema_migrations"); v != 3 {
+				t.Errorf("schema version %d after the failed migration, want 3", v)
+			}
+			isTable := map[string]string{
+				"postgres": "SELECT COUNT(*) FROM pg_class WHERE oid = to_regclass('millpond_outbox') AND relkind = 'r'",
+				"mysql":    "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'millpond_outbox' AND TABLE_TYPE = 'BASE TABLE'",
+			}[dialect]
+			if db.Count(t, isTable) != 1 {
+				t.Errorf("millpond_outbox is no longer the version-3 table")
+			}
+			if dialect == "mysql" {
+				checkSessionLockTimeouts(t, ctx, sdb)
+			}
+			timedOp(t, ctx, "an enqueue of an old replica after the failed migration", time.Second, func(ctx context.Context) error {
+				return insertV3(ctx, sdb, dialect, "after-failure")
+			})
+			if err := long.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			want := dumpOutbox(t, sdb, dialect)
+
+			again, cancel2 := context.WithTimeout(ctx, 15*time.Second)
+			defer cancel2()
+			if err := s.Migrate(again); err != nil {
+				t.Fatalf("migrate again: %v", err)
+			}
+			if err := s.CheckSchema(ctx); err != nil {
+				t.Errorf("schema after migrating again: %v", err)
+			}
+			compareDumps(t, "the view after migrating again", dumpOutbox(t, sdb, dialect), want)
+		})
+	}
+}
+
+// TestMigrateDownLockWaitIsBounded: MigrateDown locks the tables of the
+// current schema the same way (PostgreSQL's down step of 0004 locks
+// millpond_deliveries; MariaDB's of 0007 alters it). While a replica's
+// long transaction holds millpond_deliveries, other sessions' reads of it
+// complete within about the timeout, and when the context ends MigrateDown
+// returns ErrMigrationLockTimeout with the schema and its events intact.
+func TestMigrateDownLockWaitIsBounded(t *testing.T) {
+	for _, dialect := range []string{"postgres", "mysql"} {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			timeout := migrationLockTimeouts[dialect]
+			db := testdb.New(t, dialect)
+			s := unmigratedStore(t, db, outbox.WithMigrationLockTimeout(timeout))
+			if err := s.Migrate(ctx); err != nil {
+				t.Fatal(err)
+			}
+			enqueueOne(t, s, "kept")
+			sdb := s.SQLDB()
+			want := dumpOutbox(t, sdb, dialect)
+
+			long := holdOutbox(t, ctx, sdb, dialect, "millpond_deliveries")
+			wait := 3 * timeout
+			short, cancel := context.WithTimeout(ctx, wait)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- s.MigrateDown(short) }()
+			waitForLockWait(t, sdb, dialect, done)
+			bound := timeout + time.Second
+			for end := time.Now().Add(wait - 200*time.Millisecond); time.Now().Before(end); {
+				timedOp(t, ctx, "a read of the deliveries", bound, func(ctx context.Context) error {
+					var n int
+					return sdb.QueryRowContext(ctx, "SELECT COUNT(*) FROM millpond_deliveries").Scan(&n)
+				})
+				time.Sleep(20 * time.Millisecond)
+			}
+			err := <-done
+			if !errors.Is(err, outbox.ErrMigrationLockTimeout) {
+				t.Fatalf("MigrateDown while the table is held until its context ends: %v, want ErrMigrationLockTimeout", err)
+			}
+			t.Logf("MigrateDown: %v", err)
+			if err := long.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.CheckSchema(ctx); err != nil {
+				t.Errorf("schema after the failed MigrateDown: %v", err)
+			}
+			compareDumps(t, "the view after the failed MigrateDown", dumpOutbox(t, sdb, dialect), want)
+		})
+	}
+}
+
+// checkSessionLockTimeouts fails the test when a connection of the pool
+// (every idle one is taken at once) kept the migration's lock timeouts
+// instead of the server's.
+func checkSessionLockTimeouts(t *testing.T, ctx context.Context, sdb *sql.DB) {
+	t.Helper()
+	var conns []*sql.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range sdb.Stats().OpenConnections {
+		c, err := sdb.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		var mdl, globalMDL, row, globalRow int64
+		if err := c.QueryRowContext(ctx, "SELECT @@SESSION.lock_wait_timeout, @@GLOBAL.lock_wait_timeout, @@SESSION.innodb_lock_wait_timeout, @@GLOBAL.innodb_lock_wait_timeout").
+			Scan(&mdl, &globalMDL, &row, &globalRow); err != nil {
+			t.Fatal(err)
+		}
+		if mdl != globalMDL || row != globalRow {
+			t.Errorf("a pooled connection kept lock_wait_timeout %d and innodb_lock_wait_timeout %d (the server's: %d and %d)", mdl, row, globalMDL, globalRow)
+		}
+	}
+}
