@@ -286,3 +286,58 @@ func checkSessionLockTimeouts(t *testing.T, ctx context.Context, sdb *sql.DB) {
 		}
 	}
 }
+
+// TestMigration0004RetriesAfterItsRenameOnMariaDB: MariaDB commits each DDL
+// statement on its own, so a try of 0004 whose lock wait times out after
+// its RENAME leaves the old table renamed. Here an earlier, interrupted
+// try created millpond_deliveries, and a long transaction reads it: the
+// next try renames millpond_outbox, then times out emptying
+// millpond_deliveries, and is tried again (the rename kept: an old
+// replica's write fails in its own statement meanwhile). Once the reader
+// ends, a try continues from the renamed table and keeps every row.
+func TestMigration0004RetriesAfterItsRenameOnMariaDB(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.New(t, "mysql")
+	var logs logLines
+	s := openV3Store(t, db, outbox.WithMigrationLockTimeout(time.Second), outbox.WithLogger(logs.slog()))
+	sdb := s.SQLDB()
+	writeVersion3(t, sdb, "mysql", v4Rows())
+	want := dumpOutbox(t, sdb, "mysql")
+	for _, stmt := range through(t, mysqlStatements(t, "0004_shared_events.up.sql"), "CREATE TABLE IF NOT EXISTS millpond_deliveries") {
+		if _, err := sdb.ExecContext(ctx, stmt); err != nil {
+			t.Fatalf("partial up: %v", err)
+		}
+	}
+
+	long := holdOutbox(t, ctx, sdb, "mysql", "millpond_deliveries")
+	done := make(chan error, 1)
+	go func() { done <- s.Migrate(ctx) }()
+	for deadline := time.Now().Add(10 * time.Second); len(logs.matching("lock wait timed out")) == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("no try of the migration timed out within 10 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("logged: %s", logs.matching("lock wait timed out")[0])
+	if n := db.Count(t, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'millpond_outbox_0004'"); n != 1 {
+		t.Fatalf("the try that timed out had not renamed millpond_outbox (%d tables millpond_outbox_0004)", n)
+	}
+	if err := insertV3(ctx, sdb, "mysql", "late"); err == nil {
+		t.Error("an old replica's enqueue into millpond_outbox succeeded after the rename")
+	}
+	if err := long.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("migrate: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the migration did not complete within 10 s of the reader's end")
+	}
+	if err := s.CheckSchema(ctx); err != nil {
+		t.Errorf("schema after the migration: %v", err)
+	}
+	compareDumps(t, "the view after the retried migration", dumpOutbox(t, sdb, "mysql"), want)
+}
