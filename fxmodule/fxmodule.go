@@ -63,6 +63,12 @@ type Config struct {
 	// stopped first: its replicas fail to enqueue once it ran (see the
 	// README, "Upgrading from 0.1.0").
 	AutoMigrate bool
+	// MigrationLockTimeout bounds each wait of AutoMigrate's migration
+	// for a lock on a table (outbox.WithMigrationLockTimeout; default
+	// outbox.DefaultMigrationLockTimeout when zero or negative). The
+	// migration tries again after a backoff until fx's start timeout ends,
+	// then fails the start with outbox.ErrMigrationLockTimeout.
+	MigrationLockTimeout time.Duration
 	// OpenTimeout bounds connecting on construction (default 10 s;
 	// negative is refused with ErrInvalidConfig).
 	OpenTimeout time.Duration
@@ -177,7 +183,8 @@ func newStore(p storeParams) (*outbox.Store, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	log := p.Logger.Named("millpond")
-	opts := []outbox.Option{outbox.WithLogger(SlogLogger(log)), outbox.WithStatsInterval(p.Config.StatsInterval)}
+	opts := []outbox.Option{outbox.WithLogger(SlogLogger(log)), outbox.WithStatsInterval(p.Config.StatsInterval),
+		outbox.WithMigrationLockTimeout(p.Config.MigrationLockTimeout)}
 	if p.MeterProvider != nil {
 		opts = append(opts, outbox.WithMeterProvider(p.MeterProvider))
 	}

@@ -9,7 +9,7 @@
 //
 //	millpond [-db URL] [-delete-on-ack] <command> [flags]
 //
-//	millpond migrate [-down -yes]
+//	millpond migrate [-down -yes] [-lock-timeout 3s]
 //	millpond stats [-json]
 //	millpond dead list -stream S [-group G | -all-groups] [-after ID] [-limit N] [-json]
 //	millpond dead requeue -stream S ID...
@@ -49,6 +49,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"os"
 	"os/signal"
@@ -431,9 +432,10 @@ func openWith(e *env, local string, opts ...outbox.Option) (*outbox.Store, targe
 }
 
 func cmdMigrate(e *env, args []string) error {
-	fs := newFlagSet(e, "migrate", "Usage: millpond migrate [-down -yes] [-db URL]\n\nInstall or upgrade the outbox schema; with -down remove it and every event in it.\n")
+	fs := newFlagSet(e, "migrate", "Usage: millpond migrate [-down -yes] [-lock-timeout D] [-db URL]\n\nInstall or upgrade the outbox schema; with -down remove it and every event in it.\nA migration that waits longer than -lock-timeout for a table another transaction holds\nrolls back, says so on stderr and tries again after a backoff, until interrupted.\n")
 	down := fs.Bool("down", false, "revert every migration: drops the outbox tables and all events (needs -yes)")
 	yes := fs.Bool("yes", false, "confirm -down")
+	lockTimeout := fs.Duration("lock-timeout", outbox.DefaultMigrationLockTimeout, "longest wait for each table lock; the application's statements queue behind the wait")
 	dbFlag := addDBFlag(fs)
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -445,7 +447,11 @@ func cmdMigrate(e *env, args []string) error {
 	if *down && !*yes {
 		return usagef("migrate -down deletes every event in the outbox; add -yes to confirm")
 	}
-	s, db, err := open(e, *dbFlag)
+	if *lockTimeout <= 0 {
+		return usagef("migrate: -lock-timeout must be positive")
+	}
+	s, db, err := open(e, *dbFlag, outbox.WithMigrationLockTimeout(*lockTimeout),
+		outbox.WithLogger(slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))))
 	if err != nil {
 		return err
 	}

@@ -210,6 +210,8 @@ func TestUsageErrors(t *testing.T) {
 		{"purge", "-older-than", "1d-1h"},
 		{"purge", "-older-than", "1h", "-limit", "-5"},
 		{"migrate", "-down=maybe"},
+		{"migrate", "-lock-timeout", "0s"},
+		{"migrate", "-lock-timeout", "soon"},
 	}
 	for _, args := range cases {
 		if code, _, stderr := cli(t, env, args...); code != exitUsage || stderr == "" {
