@@ -150,7 +150,9 @@ const DefaultMigrationLockTimeout = sqlcore.DefaultMigrationLockTimeout
 // application for as long as it lasts. When a wait times out, the try is
 // rolled back and run again after a backoff (from d, doubling, at most
 // 30 s), with a warning to the WithLogger logger, until Migrate's context
-// ends; it then returns an error wrapping ErrMigrationLockTimeout. Other
+// ends; it then returns an error wrapping ErrMigrationLockTimeout (once a
+// try has timed out; a context that ends during the first wait gives the
+// context's error alone). Other
 // sessions are held up at most d at a time. PostgreSQL uses it as the
 // migration transaction's lock_timeout; MySQL and MariaDB as the
 // migration session's lock_wait_timeout and innodb_lock_wait_timeout, in
@@ -345,10 +347,10 @@ func (s *Store) Close() error {
 // Each wait for a lock on a table is bounded (WithMigrationLockTimeout):
 // while a transaction of another session holds the table, Migrate rolls
 // its try back and tries again after a backoff, so the application's
-// statements queued behind it run, until ctx ends; it then returns an
-// error wrapping ErrMigrationLockTimeout and the schema stays at the
-// version it had (on MySQL and MariaDB, with the steps completed before).
-// Give it a context with a deadline.
+// statements queued behind it run, until ctx ends. Once a try has timed
+// out, it then returns an error wrapping ErrMigrationLockTimeout, and the
+// schema stays at the version it had (on MySQL and MariaDB, with the steps
+// completed before). Give it a context with a deadline.
 func (s *Store) Migrate(ctx context.Context) error {
 	if err := s.core.Migrate(ctx); err != nil {
 		return fmt.Errorf("outbox: migrate: %w", err)

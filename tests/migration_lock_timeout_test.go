@@ -154,7 +154,9 @@ func TestMigrationLockTimeoutEndsWithTheContext(t *testing.T) {
 			writeVersion3(t, sdb, dialect, v4Rows())
 
 			long := holdOutbox(t, ctx, sdb, dialect, "millpond_outbox")
-			wait := 3 * timeout
+			// Long enough for a try to time out on a loaded machine: the
+			// error wraps ErrMigrationLockTimeout once one has.
+			wait := max(3*timeout, 2*time.Second)
 			short, cancel := context.WithTimeout(ctx, wait)
 			defer cancel()
 			start := time.Now()
@@ -229,7 +231,7 @@ func TestMigrateDownLockWaitIsBounded(t *testing.T) {
 			want := dumpOutbox(t, sdb, dialect)
 
 			long := holdOutbox(t, ctx, sdb, dialect, "millpond_deliveries")
-			wait := 3 * timeout
+			wait := max(3*timeout, 2*time.Second)
 			short, cancel := context.WithTimeout(ctx, wait)
 			defer cancel()
 			done := make(chan error, 1)
