@@ -313,7 +313,12 @@ func TestMigration0004RetriesAfterItsRenameOnMariaDB(t *testing.T) {
 
 	long := holdOutbox(t, ctx, sdb, "mysql", "millpond_deliveries")
 	done := make(chan error, 1)
-	go func() { done <- s.Migrate(ctx) }()
+	var res outbox.MigrateResult
+	go func() {
+		var err error
+		res, err = s.MigrateReport(ctx)
+		done <- err
+	}()
 	for deadline := time.Now().Add(10 * time.Second); len(logs.matching("lock wait timed out")) == 0; {
 		if time.Now().After(deadline) {
 			t.Fatal("no try of the migration timed out within 10 s")
@@ -340,6 +345,13 @@ func TestMigration0004RetriesAfterItsRenameOnMariaDB(t *testing.T) {
 	}
 	if err := s.CheckSchema(ctx); err != nil {
 		t.Errorf("schema after the migration: %v", err)
+	}
+	var applied []int
+	for _, m := range res.Applied {
+		applied = append(applied, m.Version)
+	}
+	if fmt.Sprint(applied) != "[4 5 7]" || res.Version != 7 {
+		t.Errorf("MigrateReport: applied %v, version %d; want [4 5 7] and 7", applied, res.Version)
 	}
 	compareDumps(t, "the view after the retried migration", dumpOutbox(t, sdb, "mysql"), want)
 }

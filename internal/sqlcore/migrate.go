@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -143,8 +144,16 @@ func (c *Core) MigrateReport(ctx context.Context) (MigrateResult, error) {
 		return MigrateResult{}, err
 	}
 	var res MigrateResult
-	err = c.underMigrationLock(ctx, "migrate", func(tx Tx) error {
-		res = MigrateResult{}
+	// kept lists the steps that earlier tries applied and that stay
+	// applied: on MySQL each step commits with its DDL.
+	var kept []Migration
+	err = c.underMigrationLock(ctx, "migrate", func(tx Tx) (err error) {
+		res = MigrateResult{Applied: slices.Clip(kept)}
+		defer func() {
+			if err != nil && c.dialect == MySQL {
+				kept = res.Applied
+			}
+		}()
 		if _, err := tx.ExecContext(ctx, c.stmts.migrationsDDL); err != nil {
 			return fmt.Errorf("create migrations table: %w", err)
 		}
