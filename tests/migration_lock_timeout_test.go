@@ -187,6 +187,9 @@ func TestMigrationLockTimeoutEndsWithTheContext(t *testing.T) {
 			}
 			if dialect == "mysql" {
 				checkSessionLockTimeouts(t, ctx, sdb)
+				if n := db.Count(t, "SELECT COUNT(IS_USED_LOCK(CONCAT('millpond_migrate:', SHA1(DATABASE()))))"); n != 0 {
+					t.Errorf("a connection still holds the migration lock after the failed migration")
+				}
 			}
 			timedOp(t, ctx, "an enqueue of an old replica after the failed migration", time.Second, func(ctx context.Context) error {
 				return insertV3(ctx, sdb, dialect, "after-failure")

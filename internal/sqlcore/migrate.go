@@ -502,8 +502,14 @@ func (c *Core) lock(ctx context.Context, tx Tx) error {
 // digest: a lock name has at most 64 characters).
 const mysqlMigrateLock = "CONCAT('millpond_migrate:', SHA1(DATABASE()))"
 
+// unlock releases MySQL's named lock, even when ctx has ended (a try the
+// context stopped): the lock is the session's, and the connection goes back
+// to the pool holding it otherwise, stalling every later migration of the
+// database.
 func (c *Core) unlock(ctx context.Context, tx Tx) {
 	if c.dialect == MySQL {
-		_, _ = tx.ExecContext(ctx, "SELECT RELEASE_LOCK("+mysqlMigrateLock+")")
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_, _ = tx.ExecContext(rctx, "SELECT RELEASE_LOCK("+mysqlMigrateLock+")")
 	}
 }
