@@ -349,8 +349,18 @@ func (c *Core) underMigrationLock(ctx context.Context, what string, fn func(Tx) 
 		Multiplier:          2,
 		MaxInterval:         max(migrationRetryMax, timeout),
 	}
+	// database/sql rolls a transaction back as soon as the context it began
+	// with ends and hands its connection back to the pool, with MySQL's
+	// session state (the named lock, the lock timeouts) still set: a MySQL
+	// try begins without ctx's end, its statements run under ctx (a
+	// statement ctx stops closes the connection), and unlock and restore
+	// then run on the still open transaction.
+	beginCtx := ctx
+	if c.dialect == MySQL {
+		beginCtx = context.WithoutCancel(ctx)
+	}
 	_, err := backoff.Retry(ctx, func() (struct{}, error) {
-		last = inTx(ctx, c.db, opts, func(tx Tx) error {
+		last = inTx(beginCtx, c.db, opts, func(tx Tx) error {
 			if err := c.lock(ctx, tx); err != nil {
 				return err
 			}
