@@ -49,6 +49,9 @@ type Store struct {
 	// heldBudget has room for the held claims the store's subscribers
 	// may keep open at once (PostgreSQL; see heldBudget).
 	heldBudget chan struct{}
+
+	dialect  sqlcore.Dialect
+	deferred *deferredOpen // NewDeferred's store: how and whether it opened
 }
 
 // Option configures a Store.
@@ -66,6 +69,8 @@ type storeOptions struct {
 	tracerProvider trace.TracerProvider
 	propagator     propagation.TextMapPropagator
 	statsInterval  time.Duration
+
+	into *Store // NewDeferred: the Store to open into instead of a new one
 }
 
 // WithClock replaces the database clock for tests that need fixed time.
@@ -198,7 +203,14 @@ func newStore(d sqlcore.Dialect, db sqlcore.DB, o storeOptions) (*Store, error) 
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{core: core, db: db, logger: o.logger, wake: newWakeHub(), gate: newNotifyGate(o.notifyEvery), tel: tel}
+	s := o.into
+	if s == nil {
+		s = &Store{}
+	}
+	if s.wake == nil { // NewDeferred's store keeps the hub its subscribers hold
+		s.wake = newWakeHub()
+	}
+	s.core, s.db, s.dialect, s.logger, s.gate, s.tel = core, db, d, o.logger, newNotifyGate(o.notifyEvery), tel
 	s.statsCache.interval = o.statsInterval
 	if o.statsInterval > 0 {
 		if err := tel.registerGauges(o.meterProvider, s); err != nil {
@@ -295,6 +307,7 @@ func NewStore(b Backend, opts ...Option) (*Store, error) {
 // the *sql.DB of a MySQL or SQLite store, or on PostgreSQL a handle over
 // the pgx pool (pgx's stdlib.OpenDBFromPool).
 func (s *Store) SQLDB() *sql.DB {
+	s.openOnDemand()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.sqlDB == nil && s.pool != nil {
@@ -304,10 +317,13 @@ func (s *Store) SQLDB() *sql.DB {
 }
 
 // Pool returns the pgx pool of a PostgreSQL store, or nil.
-func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+func (s *Store) Pool() *pgxpool.Pool {
+	s.openOnDemand()
+	return s.pool
+}
 
 // Dialect names the store's database: "postgres", "mysql" or "sqlite".
-func (s *Store) Dialect() string { return string(s.core.Dialect()) }
+func (s *Store) Dialect() string { return string(s.dialect) }
 
 // Close stops the store's background work and closes a database that Open
 // opened. It does not close a pool or database the caller handed to a
@@ -315,10 +331,18 @@ func (s *Store) Dialect() string { return string(s.core.Dialect()) }
 func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.closeLocked()
+}
+
+// closeLocked is Close; the caller holds s.mu.
+func (s *Store) closeLocked() error {
 	if s.closed {
 		return nil
 	}
 	s.closed = true
+	if !s.deferredOpened() {
+		return nil // a NewDeferred store that never opened holds nothing
+	}
 	s.tel.close()
 	s.stmts.close()
 	if s.stop != nil {
