@@ -13,7 +13,16 @@
 //		fx.Provide(fxmodule.AsHandler(NewReserveStock)),
 //	).Run()
 //
-// Start order: the Store migrates (when AutoMigrate is set) and the Bus
+// The Store holds no connection until the app starts: it opens in its
+// OnStart hook (outbox.NewDeferred), so an fx.New that fails after the
+// module's constructors ran (another constructor's error, a missing
+// dependency), for which fx runs no hook, leaves no pool, listener or
+// goroutine behind. Use the Store's SQLDB and Pool from OnStart hooks or
+// later: called in a constructor they open the store at once, which
+// such a failed fx.New would then leave open. Dialect works from the
+// start.
+//
+// Start order: the Store opens and migrates (when AutoMigrate is set) and the Bus
 // registers every handler's consumer group in OnStart hooks that run before
 // the hooks of constructors invoked after the module, so an HTTP server
 // started by the application cannot publish before the groups exist.
@@ -69,7 +78,7 @@ type Config struct {
 	// migration tries again after a backoff until fx's start timeout ends,
 	// then fails the start with outbox.ErrMigrationLockTimeout.
 	MigrationLockTimeout time.Duration
-	// OpenTimeout bounds connecting on construction (default 10 s;
+	// OpenTimeout bounds connecting, in the store's OnStart hook (default 10 s;
 	// negative is refused with ErrInvalidConfig).
 	OpenTimeout time.Duration
 	// Bus configures the bus; its Logger defaults to the app's zap logger.
@@ -180,8 +189,6 @@ func newStore(p storeParams) (*outbox.Store, error) {
 	if timeout == 0 {
 		timeout = 10 * time.Second
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
 	log := p.Logger.Named("millpond")
 	opts := []outbox.Option{outbox.WithLogger(SlogLogger(log)), outbox.WithStatsInterval(p.Config.StatsInterval),
 		outbox.WithMigrationLockTimeout(p.Config.MigrationLockTimeout)}
@@ -194,13 +201,24 @@ func newStore(p storeParams) (*outbox.Store, error) {
 	if p.Propagator != nil {
 		opts = append(opts, outbox.WithPropagator(p.Propagator))
 	}
-	store, err := anydb.Open(ctx, url, opts...)
+	// The store opens in the OnStart hook, not here: fx runs no hook of an
+	// app whose fx.New fails, and fx.New can fail after this constructor
+	// ran (another module's constructor, a missing dependency), which
+	// would leave an opened store's pool, listener and goroutines behind.
+	store, err := outbox.NewDeferred(string(addr.Dialect), func(ctx context.Context, opts ...outbox.Option) (*outbox.Store, error) {
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		return anydb.Open(ctx, url, opts...)
+	}, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("fxmodule: %w", err)
 	}
-	log.Info("opened the outbox store", zap.String("dialect", store.Dialect()), zap.Stringer("database", addr))
 	p.Lifecycle.Append(fx.Hook{
 		OnStart: func(ctx context.Context) error {
+			if err := store.OpenDeferred(ctx); err != nil {
+				return fmt.Errorf("fxmodule: %w", err)
+			}
+			log.Info("opened the outbox store", zap.String("dialect", store.Dialect()), zap.Stringer("database", addr))
 			if p.Config.AutoMigrate {
 				if err := store.Migrate(ctx); err != nil {
 					// fx runs no OnStop of a hook whose OnStart failed:

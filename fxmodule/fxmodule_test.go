@@ -206,7 +206,14 @@ func TestModuleLogsTheDatabaseWithoutItsPassword(t *testing.T) {
 			fxmodule.Module,
 			fxmodule.WithZapLogger(),
 		)
+		// An address refused by its form fails fx.New; one that does not
+		// answer fails the start, where the store opens.
 		err := app.Err()
+		if err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			err = app.Start(ctx)
+			cancel()
+		}
 		if err == nil {
 			t.Fatalf("%s: opened", dsn.Redact(addr))
 		}

@@ -2,8 +2,11 @@ package fxmodule_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
+	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +17,7 @@ import (
 	"github.com/millpond/millpond/fxmodule"
 	"github.com/millpond/millpond/handlers"
 	"github.com/millpond/millpond/internal/testdb"
+	"github.com/millpond/millpond/outbox"
 )
 
 // appURL returns the test database's address with an application_name of
@@ -108,6 +112,60 @@ func TestFailedConstructionClosesTheStore(t *testing.T) {
 			}
 			if n := connections(t, db, app); n != 0 {
 				t.Fatalf("%d connection(s) of the module's store still open 5 s after fx.New failed: the store was never closed", n)
+			}
+		})
+	}
+}
+
+// TestFailedAppBuildLeavesNothingOpen: fx.New fails for a reason outside
+// the module after the module's constructors ran: another constructor
+// that takes the Store returns an error, or a dependency of the
+// application is missing. fx runs no hook of an app that failed to build,
+// so a store opened by its constructor would keep its pool, its
+// PostgreSQL listener and their goroutines for good. The store opens in
+// its OnStart hook instead: nothing is connected and no goroutine is left.
+func TestFailedAppBuildLeavesNothingOpen(t *testing.T) {
+	db := testdb.New(t, "postgres")
+	db.Store(t) // migrated
+	type missing interface{ Missing() }
+	for i, c := range []struct {
+		name string
+		opts []fx.Option
+	}{
+		{"another constructor fails", []fx.Option{fx.Invoke(func(s *outbox.Store, b *bus.Bus) error {
+			return errors.New("payments: no API key configured")
+		})}},
+		{"a dependency is missing", []fx.Option{fx.Invoke(func(*outbox.Store, *bus.Bus, missing) {})}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			app := fmt.Sprintf("%s_fxbuild%d", db.Name, i)
+			runtime.GC()
+			baseline := runtime.NumGoroutine()
+			var built atomic.Bool
+			opts := append([]fx.Option{fx.Supply(zap.NewNop(), fxmodule.Config{DatabaseURL: appURL(t, db, app), AutoMigrate: true}),
+				fxmodule.Module, fx.NopLogger,
+				// The module's own invoke runs first: the store and the bus
+				// are built before the application's invokes fail.
+				fx.Invoke(func(*outbox.Store) { built.Store(true) })}, c.opts...)
+			a := fx.New(opts...)
+			if err := a.Err(); err == nil {
+				t.Fatal("fx.New succeeded; the test needs it to fail")
+			} else {
+				t.Logf("fx.New failed as intended: %v", err)
+			}
+			if !built.Load() {
+				t.Fatal("the store was never built; the test needs fx.New to fail after it")
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for (connections(t, db, app) != 0 || runtime.NumGoroutine() > baseline) && time.Now().Before(deadline) {
+				time.Sleep(50 * time.Millisecond)
+			}
+			if n := connections(t, db, app); n != 0 {
+				t.Errorf("%d connection(s) of the module's store open 5 s after fx.New failed: the store can never be closed", n)
+			}
+			if n := runtime.NumGoroutine(); n > baseline {
+				buf := make([]byte, 1<<16)
+				t.Errorf("%d goroutine(s) before fx.New, %d 5 s after it failed:\n%s", baseline, n, buf[:runtime.Stack(buf, true)])
 			}
 		})
 	}

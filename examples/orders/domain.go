@@ -198,10 +198,23 @@ type Domain struct {
 // first) and before the bus starts handling (the handlers, and so the bus,
 // depend on the Domain, so its hook is registered before theirs).
 func newDomain(lc fx.Lifecycle, store *outbox.Store, publisher *outbox.Publisher, log *zap.Logger) (*Domain, error) {
-	d := &Domain{db: store.SQLDB(), dialect: store.Dialect(), store: store, publisher: publisher, log: log.Named("domain")}
+	d := &Domain{dialect: store.Dialect(), store: store, publisher: publisher, log: log.Named("domain")}
 	if _, ok := schema[d.dialect]; !ok {
 		return nil, fmt.Errorf("orders: no schema for dialect %q", d.dialect)
 	}
+	lc.Append(fx.Hook{OnStart: func(ctx context.Context) error {
+		// The store opens in its own start hook, which runs before this
+		// one: SQLDB here, not in the constructor (where it would open the
+		// store while fx.New may still fail, and nothing would close it).
+		d.db = store.SQLDB()
+		d.limitSQLite()
+		return d.Migrate(ctx)
+	}})
+	return d, nil
+}
+
+// limitSQLite gives an SQLite store one connection.
+func (d *Domain) limitSQLite() {
 	if d.dialect == "sqlite" {
 		// SQLite has one writer. With a connection per writer, writers wait
 		// for its lock in SQLite's busy handler, which polls (sleeping up to
@@ -213,8 +226,6 @@ func newDomain(lc fx.Lifecycle, store *outbox.Store, publisher *outbox.Publisher
 		// database/sql's pool instead, and never in SQLite.
 		d.db.SetMaxOpenConns(1)
 	}
-	lc.Append(fx.Hook{OnStart: d.Migrate})
-	return d, nil
 }
 
 // q rewrites a statement's ? placeholders for the dialect ($1, $2, ... on
