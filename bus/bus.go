@@ -309,8 +309,18 @@ func (b *Bus) Handlers() []handlers.Handler { return b.handlers }
 // RegisterGroups durably subscribes every handler's consumer group to its
 // kind, and only to it (a kind the handler had before is dropped), so events
 // published from now on are kept for it. Start calls it; call it yourself
-// when publishers may run before the bus starts.
+// when publishers may run before the bus starts. It checks the schema first
+// (Store.CheckSchema): on a database whose migrations have not run it fails
+// with outbox.ErrSchemaOutdated.
 func (b *Bus) RegisterGroups(ctx context.Context) error {
+	if len(b.handlers) > 0 {
+		// A database without the schema (its migrations not run) says so
+		// with outbox.ErrSchemaOutdated, as Subscribe does, rather than
+		// with the driver's missing table.
+		if err := b.store.CheckSchema(ctx); err != nil {
+			return fmt.Errorf("bus: register groups: %w", err)
+		}
+	}
 	for _, h := range b.handlers {
 		if err := b.store.SetGroupKinds(ctx, h.Stream(), h.Name(), h.Kind()); err != nil {
 			return fmt.Errorf("bus: register handler %q: %w", h.Name(), err)
