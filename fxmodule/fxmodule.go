@@ -258,8 +258,9 @@ func newBus(p busParams) (*bus.Bus, error) {
 	}
 	b, err := bus.New(p.Store, cfg, p.Handlers...)
 	if err != nil {
-		// fx.New fails: no hook of the app ever runs, so the store the
-		// module opened (its pool, its listener) closes here or never.
+		// fx.New fails: no hook of the app ever runs. The store has not
+		// opened, unless a constructor took its SQLDB or Pool: then it
+		// closes here or never.
 		_ = p.Store.Close()
 		return nil, fmt.Errorf("fxmodule: %w", err)
 	}

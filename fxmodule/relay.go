@@ -68,8 +68,10 @@ var ErrNoNATSURL = errors.New("fxmodule: RelayConfig.NATSURL is empty; name the 
 //	fxmodule.Module,
 //	fxmodule.RelayModule,
 //
-// It connects and checks the configuration on construction (a bad one
-// fails the app's start), registers the relay's consumer group in its
+// It connects to NATS and checks the configuration on construction (a bad
+// one fails fx.New; unlike Module's store, the connection is made there,
+// so an fx.New that fails after it for another reason leaves it open),
+// registers the relay's consumer group in its
 // OnStart hook (before the hooks of constructors invoked after it, which
 // may enqueue at once) and relays from then on, and on OnStop lets the
 // publishes in flight be confirmed before it closes its NATS connection.
