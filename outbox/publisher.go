@@ -138,7 +138,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 			if p.mode == publishFromContext {
 				var ok bool
 				if tx, ok = TxFromContext(msg.Context()); !ok {
-					return fmt.Errorf("outbox: publish message %d of %d: %w", i+1, len(msgs), ErrNoTransaction)
+					return fmt.Errorf("outbox: publish message %d of %d: its context carries no transaction (put it there with outbox.ContextWithTx): %w", i+1, len(msgs), ErrNoTransaction)
 				}
 			}
 			ex, err := tx.executor()
