@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/millpond/millpond/internal/sqlcore"
 )
@@ -13,12 +14,13 @@ import (
 var ErrNotOpened = errors.New("outbox: the deferred store was closed before it opened")
 
 // deferredOpen is how a NewDeferred store opens, and what came of it.
-// Its fields are guarded by the Store's mu.
+// Its fields but tried are guarded by the Store's mu.
 type deferredOpen struct {
 	open   func(ctx context.Context, opts ...Option) (*Store, error)
 	opts   []Option
 	opened bool
-	err    error // the first opening's error; OpenDeferred returns it again
+	err    error       // the first opening's error; OpenDeferred returns it again
+	tried  atomic.Bool // opened or err is set: SQLDB and Pool skip the lock
 }
 
 // NewDeferred returns a Store of the dialect ("postgres", "mysql" or
@@ -83,9 +85,11 @@ func (s *Store) OpenDeferred(ctx context.Context) error {
 	if err != nil {
 		s.dialect = want
 		d.err = err
+		d.tried.Store(true)
 		return err
 	}
 	d.opened = true
+	d.tried.Store(true)
 	return nil
 }
 
@@ -93,7 +97,7 @@ func (s *Store) OpenDeferred(ctx context.Context) error {
 // SQLDB and Pool, which have no error to return: a failure is returned
 // again by OpenDeferred (the application's start).
 func (s *Store) openOnDemand() {
-	if s.deferred != nil {
+	if s.deferred != nil && !s.deferred.tried.Load() {
 		_ = s.OpenDeferred(context.Background())
 	}
 }
