@@ -17,10 +17,10 @@
 // OnStart hook (outbox.NewDeferred), so an fx.New that fails after the
 // module's constructors ran (another constructor's error, a missing
 // dependency), for which fx runs no hook, leaves no pool, listener or
-// goroutine behind. Use the Store's SQLDB and Pool from OnStart hooks or
-// later: called in a constructor they open the store at once, which
-// such a failed fx.New would then leave open. Dialect works from the
-// start.
+// goroutine behind. Use the Store from OnStart hooks or later: its SQLDB,
+// Pool, or any method that takes a context, called in a constructor or an
+// fx.Invoke, opens the store at once (and works), which such a failed
+// fx.New would then leave open. Dialect works from the start.
 //
 // Start order: the Store opens and migrates (when AutoMigrate is set) and the Bus
 // registers every handler's consumer group in OnStart hooks that run before

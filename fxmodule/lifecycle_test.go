@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"path/filepath"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -168,5 +169,42 @@ func TestFailedAppBuildLeavesNothingOpen(t *testing.T) {
 				t.Errorf("%d goroutine(s) before fx.New, %d 5 s after it failed:\n%s", baseline, n, buf[:runtime.Stack(buf, true)])
 			}
 		})
+	}
+}
+
+// TestStoreWorksInAnInvoke: an fx.Invoke runs before any start hook, so
+// the module's Store has not opened there; a Store method called in it
+// (registering a group, as applications do at wiring time) opens the
+// store and works, and the app then starts and stops as usual.
+func TestStoreWorksInAnInvoke(t *testing.T) {
+	url := "sqlite:" + filepath.Join(t.TempDir(), "invoke.db")
+	var groups []outbox.GroupRegistration
+	app := fx.New(fx.Supply(zap.NewNop(), fxmodule.Config{DatabaseURL: url}), fxmodule.Module, fx.NopLogger,
+		fx.Invoke(func(s *outbox.Store) error {
+			ctx := context.Background()
+			if err := s.Migrate(ctx); err != nil {
+				return err
+			}
+			return s.RegisterGroup(ctx, "orders", "billing", "OrderPlaced")
+		}),
+		fx.Invoke(func(lc fx.Lifecycle, s *outbox.Store) {
+			lc.Append(fx.Hook{OnStart: func(ctx context.Context) (err error) {
+				groups, err = s.RegisteredGroups(ctx, "orders")
+				return err
+			}})
+		}))
+	if err := app.Err(); err != nil {
+		t.Fatalf("fx.New: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := app.Start(ctx); err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	if err := app.Stop(ctx); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	if len(groups) != 1 || groups[0].Group != "billing" {
+		t.Fatalf("registered groups %+v, want billing", groups)
 	}
 }

@@ -32,10 +32,13 @@ type deferredOpen struct {
 //
 // open opens the database: it must pass the options it is given (opts,
 // and one that makes the driver open into this Store) on to a driver
-// package's Open (or anydb.Open) and return what that returns. Until the store opened, Dialect and Close
-// work, SQLDB and Pool open it at once (with context.Background(): give
-// open a timeout of its own) and return nil if that fails, and the other
-// methods must not be called.
+// package's Open (or anydb.Open) and return what that returns. Until the
+// store opened, Dialect, Close, Watch and ListenerStatus work without
+// opening it; every method that takes a context opens it first, with that
+// context, and returns the opening's error if it fails (again on every
+// later call: it opens at most once); SQLDB and Pool open it at once (with
+// context.Background(): give open a timeout of its own) and return nil if
+// that fails.
 func NewDeferred(dialect string, open func(ctx context.Context, opts ...Option) (*Store, error), opts ...Option) (*Store, error) {
 	d := sqlcore.Dialect(dialect)
 	if !d.Valid() {
@@ -105,3 +108,24 @@ func (s *Store) openOnDemand() {
 // deferredOpened reports whether the store holds anything to close: every
 // store but one of NewDeferred that has not opened. Callers hold s.mu.
 func (s *Store) deferredOpened() bool { return s.deferred == nil || s.deferred.opened }
+
+// ready opens a NewDeferred store that has not opened yet, with the
+// caller's context, and returns the error of an opening that failed, for
+// every method that takes a context: called before the application's start
+// (from an fx.Invoke, say), such a method opens the store, as SQLDB does,
+// instead of running on a store that holds nothing. Other stores pass at
+// the cost of a nil check.
+func (s *Store) ready(ctx context.Context) error {
+	d := s.deferred
+	if d == nil {
+		return nil
+	}
+	if !d.tried.Load() {
+		return s.OpenDeferred(ctx)
+	}
+	// opened and err were set before tried, and no longer change.
+	if d.opened {
+		return nil
+	}
+	return d.err
+}

@@ -2,9 +2,11 @@ package outbox_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/millpond/millpond/outbox"
 	"github.com/millpond/millpond/outbox/sqlite"
@@ -110,5 +112,66 @@ func TestDeferredStoreRefusesMisuse(t *testing.T) {
 	}
 	if err := s.Close(); err != nil {
 		t.Errorf("Close of a store that never opened: %v", err)
+	}
+}
+
+// TestDeferredStoreMethodsOpenIt: a method that takes a context, called
+// before OpenDeferred (an fx.Invoke runs before the start hooks), opens
+// the store with that context and works; on a store whose opening failed
+// or that was closed first, it returns that error instead of running on a
+// store that holds nothing.
+func TestDeferredStoreMethodsOpenIt(t *testing.T) {
+	addr := "sqlite:" + filepath.Join(t.TempDir(), "deferred.db")
+	calls := 0
+	s, err := outbox.NewDeferred("sqlite", func(ctx context.Context, opts ...outbox.Option) (*outbox.Store, error) {
+		calls++
+		return sqlite.Open(ctx, addr, opts...)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate before OpenDeferred: %v", err)
+	}
+	if err := s.RegisterGroup(ctx, "orders", "billing"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.InTx(ctx, nil, func(ctx context.Context, tx *sql.Tx) error {
+		_, err := s.Enqueue(ctx, outbox.SQLTx(tx), outbox.Event{Stream: "orders", Key: "o-1", Kind: "OrderPlaced", Payload: []byte("{}")})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.OpenDeferred(ctx); err != nil || calls != 1 {
+		t.Fatalf("OpenDeferred after the methods opened the store: %v, %d opens", err, calls)
+	}
+	stats, err := s.Stats(ctx)
+	if err != nil || len(stats) != 1 || stats[0].Pending != 1 {
+		t.Fatalf("Stats: %+v, %v", stats, err)
+	}
+
+	boom := errors.New("unreachable")
+	failed, err := outbox.NewDeferred("postgres", func(context.Context, ...outbox.Option) (*outbox.Store, error) { return nil, boom })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := failed.Stats(ctx); !errors.Is(err, boom) {
+		t.Errorf("Stats of a store that cannot open: %v, want its opening's error", err)
+	}
+	if _, err := failed.Claim(ctx, outbox.ClaimRequest{Stream: "orders", Worker: "w", Limit: 1, Lease: time.Minute, MaxAttempts: 1}); !errors.Is(err, boom) {
+		t.Errorf("Claim of a store that cannot open: %v, want its opening's error", err)
+	}
+	closed, err := outbox.NewDeferred("sqlite", func(ctx context.Context, opts ...outbox.Option) (*outbox.Store, error) {
+		t.Error("opened after Close")
+		return sqlite.Open(ctx, addr, opts...)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = closed.Close()
+	if err := closed.Ping(ctx); !errors.Is(err, outbox.ErrNotOpened) {
+		t.Errorf("Ping of a deferred store closed before it opened: %v, want ErrNotOpened", err)
 	}
 }

@@ -116,6 +116,9 @@ func (r EventRecord) MarshalJSON() ([]byte, error) { return sqlcore.EventRecord(
 // index lookups. Nothing found is an empty result, not an error. It reads
 // any state (pending, processing, delivered until purged, dead-lettered).
 func (s *Store) FindEvents(ctx context.Context, q EventQuery) ([]EventRecord, error) {
+	if err := s.ready(ctx); err != nil {
+		return nil, err
+	}
 	out, err := s.core.FindEvents(ctx, sqlcore.EventQuery(q))
 	if err != nil {
 		return nil, fmt.Errorf("outbox: find events: %w", err)

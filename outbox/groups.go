@@ -143,6 +143,9 @@ func validateStreams(streams []string) error {
 // streams (none: every stream), by stream and group. It reads only the
 // registrations, so it is cheap enough for a start-up check.
 func (s *Store) RegisteredGroups(ctx context.Context, streams ...string) ([]GroupRegistration, error) {
+	if err := s.ready(ctx); err != nil {
+		return nil, err
+	}
 	if err := validateStreams(streams); err != nil {
 		return nil, fmt.Errorf("outbox: registered groups: %w", err)
 	}
@@ -179,6 +182,9 @@ func registration(sub sqlcore.Subscription) GroupRegistration {
 // whole outbox table; it is meant for operators (millpond groups list), not
 // for a hot path.
 func (s *Store) ListGroups(ctx context.Context, streams ...string) ([]GroupInfo, error) {
+	if err := s.ready(ctx); err != nil {
+		return nil, err
+	}
 	if err := validateStreams(streams); err != nil {
 		return nil, fmt.Errorf("outbox: list groups: %w", err)
 	}
@@ -243,6 +249,9 @@ func (s *Store) ListGroups(ctx context.Context, streams ...string) ([]GroupInfo,
 // before it was removed may still add an event for the group when it
 // commits; ListGroups shows such a row under the unregistered group.
 func (s *Store) RetireGroup(ctx context.Context, r RetireRequest) (Retired, error) {
+	if err := s.ready(ctx); err != nil {
+		return Retired{}, err
+	}
 	res, err := s.core.RetireGroup(ctx, sqlcore.RetireRequest(r))
 	if err != nil {
 		return Retired(res), fmt.Errorf("outbox: retire group: %w", err)
@@ -258,6 +267,9 @@ func (s *Store) RetireGroup(ctx context.Context, r RetireRequest) (Retired, erro
 // for it (with WithDeleteOnAck the event, and so its key, stays until
 // Purge).
 func (s *Store) DiscardDead(ctx context.Context, sel DeadSelector) (int64, error) {
+	if err := s.ready(ctx); err != nil {
+		return 0, err
+	}
 	n, err := s.core.DiscardDead(ctx, sqlcore.DeadSelector(sel))
 	if err != nil {
 		return n, fmt.Errorf("outbox: discard dead letters (%d discarded before the error): %w", n, err)
@@ -271,6 +283,9 @@ func (s *Store) DiscardDead(ctx context.Context, sel DeadSelector) (int64, error
 // snapshot for a confirmation or a dry run: events dead-lettered meanwhile
 // are discarded too.
 func (s *Store) CountDead(ctx context.Context, sel DeadSelector) (int64, error) {
+	if err := s.ready(ctx); err != nil {
+		return 0, err
+	}
 	n, err := s.core.CountDead(ctx, sqlcore.DeadSelector(sel))
 	if err != nil {
 		return 0, fmt.Errorf("outbox: count dead letters: %w", err)
@@ -291,6 +306,9 @@ func (s *Store) CountDead(ctx context.Context, sel DeadSelector) (int64, error) 
 // A group sees only the events enqueued after it registered; this is the
 // explicit exception for the default group's backlog.
 func (s *Store) ReroutePending(ctx context.Context, stream string) (int64, error) {
+	if err := s.ready(ctx); err != nil {
+		return 0, err
+	}
 	n, err := s.core.ReroutePending(ctx, stream)
 	if err != nil {
 		return n, fmt.Errorf("outbox: reroute pending events (%d moved before the error): %w", n, err)
@@ -301,6 +319,9 @@ func (s *Store) ReroutePending(ctx context.Context, stream string) (int64, error
 // SchemaVersion returns the highest schema migration recorded in the
 // database, or 0 when the outbox schema is not installed (run Migrate).
 func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
+	if err := s.ready(ctx); err != nil {
+		return 0, err
+	}
 	v, err := s.core.SchemaVersion(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: schema version: %w", err)
@@ -311,6 +332,9 @@ func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
 // MigrateReport is Migrate that also reports which migrations this call
 // applied and the schema version afterwards.
 func (s *Store) MigrateReport(ctx context.Context) (MigrateResult, error) {
+	if err := s.ready(ctx); err != nil {
+		return MigrateResult{}, err
+	}
 	res, err := s.core.MigrateReport(ctx)
 	if err != nil {
 		return MigrateResult{}, fmt.Errorf("outbox: migrate: %w", err)

@@ -16,6 +16,9 @@ import (
 // Ping checks that the store's database answers (a PostgreSQL pool's
 // Ping, a database/sql PingContext), for readiness checks.
 func (s *Store) Ping(ctx context.Context) error {
+	if err := s.ready(ctx); err != nil {
+		return err
+	}
 	var err error
 	switch {
 	case s.pool != nil:
@@ -60,6 +63,9 @@ type statsCache struct {
 // caller gets its own copy of the slice, free to sort or change. Use it for
 // dashboards and readiness probes; use Stats for a fresh count.
 func (s *Store) CachedStats(ctx context.Context) ([]StreamStats, time.Time, error) {
+	if err := s.ready(ctx); err != nil {
+		return nil, time.Time{}, err
+	}
 	c := &s.statsCache
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -39,6 +39,9 @@ type HeldClaim struct {
 // Only PostgreSQL holds claims; on other databases the error wraps
 // errors.ErrUnsupported.
 func (s *Store) ClaimHeld(ctx context.Context, req ClaimRequest) (*HeldClaim, []Claimed, error) {
+	if err := s.ready(ctx); err != nil {
+		return nil, nil, err
+	}
 	h, out, err := s.core.ClaimHeld(ctx, sqlcore.ClaimRequest(req))
 	if err != nil {
 		return nil, nil, fmt.Errorf("outbox: held claim: %w", err)

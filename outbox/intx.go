@@ -35,6 +35,9 @@ import (
 // dialect: a second transaction would commit apart from the first (and on
 // SQLite wait for it). Take fn's tx as a parameter in such helpers instead.
 func (s *Store) InTx(ctx context.Context, opts *sql.TxOptions, fn func(ctx context.Context, tx *sql.Tx) error) (err error) {
+	if err := s.ready(ctx); err != nil {
+		return err
+	}
 	if fn == nil {
 		return errors.New("outbox: InTx: nil function")
 	}

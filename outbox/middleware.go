@@ -79,6 +79,9 @@ const metadataAckedInTx = "millpond_acked_in_tx"
 // Subscriber stops extending the lease of an event acknowledged this way,
 // but an extension already under way waits for that lock.
 func (s *Store) AcknowledgeMessageInTx(ctx context.Context, tx Tx, msg *message.Message) error {
+	if err := s.ready(ctx); err != nil {
+		return err
+	}
 	r, ok := ReceiptFromContext(msg.Context())
 	if !ok {
 		if d, _ := msg.Context().Value(receiptKey{}).(delivery); d.held {

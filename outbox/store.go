@@ -376,6 +376,9 @@ func (s *Store) closeLocked() error {
 // schema stays at the version it had (on MySQL and MariaDB, with the steps
 // completed before). Give it a context with a deadline.
 func (s *Store) Migrate(ctx context.Context) error {
+	if err := s.ready(ctx); err != nil {
+		return err
+	}
 	if err := s.core.Migrate(ctx); err != nil {
 		return fmt.Errorf("outbox: migrate: %w", err)
 	}
@@ -389,6 +392,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 // started before its migrations fails at once with that error instead of
 // failing every claim; call it at start where nothing subscribes.
 func (s *Store) CheckSchema(ctx context.Context) error {
+	if err := s.ready(ctx); err != nil {
+		return err
+	}
 	if s.schemaOK.Load() {
 		return nil
 	}
@@ -402,6 +408,9 @@ func (s *Store) CheckSchema(ctx context.Context) error {
 // MigrateDown removes the outbox schema and every event in it. Its lock
 // waits are bounded and retried as Migrate's are.
 func (s *Store) MigrateDown(ctx context.Context) error {
+	if err := s.ready(ctx); err != nil {
+		return err
+	}
 	s.schemaOK.Store(false)
 	if err := s.core.MigrateDown(ctx); err != nil {
 		return fmt.Errorf("outbox: migrate down: %w", err)
@@ -428,6 +437,9 @@ func Migrations(dialect string) ([]Migration, error) {
 // kind and payload return the existing id with Inserted false; other content
 // returns ErrIdempotencyConflict.
 func (s *Store) Enqueue(ctx context.Context, tx Tx, ev Event) (Enqueued, error) {
+	if err := s.ready(ctx); err != nil {
+		return Enqueued{}, err
+	}
 	ex, err := tx.executor()
 	if err != nil {
 		return Enqueued{}, err
@@ -476,6 +488,9 @@ func (s *Store) enqueue(ctx context.Context, ex sqlcore.Executor, ev Event) (Enq
 
 // Claim takes up to req.Limit due events, oldest first, under a lease.
 func (s *Store) Claim(ctx context.Context, req ClaimRequest) ([]Claimed, error) {
+	if err := s.ready(ctx); err != nil {
+		return nil, err
+	}
 	out, err := s.core.Claim(ctx, sqlcore.ClaimRequest(req))
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claim: %w", err)
@@ -486,6 +501,9 @@ func (s *Store) Claim(ctx context.Context, req ClaimRequest) ([]Claimed, error) 
 // Acknowledge marks one claimed event delivered. A stale claim returns
 // ErrStaleClaim and changes nothing.
 func (s *Store) Acknowledge(ctx context.Context, r Receipt) error {
+	if err := s.ready(ctx); err != nil {
+		return err
+	}
 	stale, err := s.AcknowledgeBatch(ctx, []Receipt{r})
 	if err != nil {
 		return err
@@ -499,6 +517,9 @@ func (s *Store) Acknowledge(ctx context.Context, r Receipt) error {
 // AcknowledgeBatch marks delivered, in one statement, every receipt that
 // still owns its event, and returns the stale ones (left unchanged).
 func (s *Store) AcknowledgeBatch(ctx context.Context, rs []Receipt) ([]Receipt, error) {
+	if err := s.ready(ctx); err != nil {
+		return nil, err
+	}
 	stale, err := s.core.AcknowledgeBatch(ctx, convert(rs, receiptToCore))
 	if err != nil {
 		return nil, fmt.Errorf("outbox: acknowledge %d events: %w", len(rs), err)
@@ -522,6 +543,9 @@ func (s *Store) AcknowledgeBatch(ctx context.Context, rs []Receipt) ([]Receipt, 
 // again). Claims returned together with an error are the caller's too:
 // release them or let their leases expire.
 func (s *Store) AcknowledgeAndClaimNext(ctx context.Context, rs []Receipt, req ClaimRequest) ([]Claimed, []Receipt, error) {
+	if err := s.ready(ctx); err != nil {
+		return nil, nil, err
+	}
 	stale, next, err := s.core.AcknowledgeAndClaimNext(ctx, convert(rs, receiptToCore), sqlcore.ClaimRequest(req))
 	claimed := convert(next, claimedFromCore)
 	if err != nil {
@@ -546,6 +570,9 @@ func (s *Store) AcknowledgeAndClaimNext(ctx context.Context, rs []Receipt, req C
 // its Nack (backoff, reason) not recorded. Keep such transactions shorter
 // than the lease. Commit tx before acking the message.
 func (s *Store) AcknowledgeInTx(ctx context.Context, tx Tx, rs ...Receipt) error {
+	if err := s.ready(ctx); err != nil {
+		return err
+	}
 	ex, err := tx.executor()
 	if err != nil {
 		return err
@@ -564,6 +591,9 @@ func (s *Store) AcknowledgeInTx(ctx context.Context, tx Tx, rs ...Receipt) error
 // Fail settles a claim as failed: pending again after f.RetryDelay, or
 // dead-lettered at f.MaxAttempts. A stale claim returns ErrStaleClaim.
 func (s *Store) Fail(ctx context.Context, r Receipt, f Failure) (FailOutcome, error) {
+	if err := s.ready(ctx); err != nil {
+		return FailOutcome{}, err
+	}
 	out, err := s.core.Fail(ctx, sqlcore.Receipt(r), sqlcore.Failure(f))
 	if err != nil {
 		return FailOutcome{}, fmt.Errorf("outbox: fail event %d: %w", r.ID, err)
@@ -574,6 +604,9 @@ func (s *Store) Fail(ctx context.Context, r Receipt, f Failure) (FailOutcome, er
 // Extend moves one claim's lease to now+lease and returns the new expiry. A
 // stale claim returns ErrStaleClaim.
 func (s *Store) Extend(ctx context.Context, r Receipt, lease time.Duration) (time.Time, error) {
+	if err := s.ready(ctx); err != nil {
+		return time.Time{}, err
+	}
 	expires, stale, err := s.ExtendBatch(ctx, []Receipt{r}, lease)
 	if err != nil {
 		return time.Time{}, err
@@ -587,6 +620,9 @@ func (s *Store) Extend(ctx context.Context, r Receipt, lease time.Duration) (tim
 // ExtendBatch moves the lease of every live claim to now+lease, in one
 // statement, and returns the new expiry and the stale receipts.
 func (s *Store) ExtendBatch(ctx context.Context, rs []Receipt, lease time.Duration) (time.Time, []Receipt, error) {
+	if err := s.ready(ctx); err != nil {
+		return time.Time{}, nil, err
+	}
 	expires, stale, err := s.core.ExtendBatch(ctx, convert(rs, receiptToCore), lease)
 	if err != nil {
 		return time.Time{}, nil, fmt.Errorf("outbox: extend %d events: %w", len(rs), err)
@@ -598,6 +634,9 @@ func (s *Store) ExtendBatch(ctx context.Context, rs []Receipt, lease time.Durati
 // the attempt, and returns how many it released. Stale receipts (wrong key,
 // expired lease) are skipped and change nothing.
 func (s *Store) Release(ctx context.Context, rs ...Receipt) (int, error) {
+	if err := s.ready(ctx); err != nil {
+		return 0, err
+	}
 	n, err := s.core.Release(ctx, convert(rs, receiptToCore))
 	if err != nil {
 		return 0, fmt.Errorf("outbox: release %d events: %w", len(rs), err)
@@ -607,6 +646,9 @@ func (s *Store) Release(ctx context.Context, rs ...Receipt) (int, error) {
 
 // ListDead lists dead-lettered events, oldest first.
 func (s *Store) ListDead(ctx context.Context, q DeadQuery) ([]DeadEvent, error) {
+	if err := s.ready(ctx); err != nil {
+		return nil, err
+	}
 	out, err := s.core.ListDead(ctx, sqlcore.DeadQuery(q))
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list dead letters: %w", err)
@@ -617,6 +659,9 @@ func (s *Store) ListDead(ctx context.Context, q DeadQuery) ([]DeadEvent, error) 
 // Requeue makes dead-lettered events of a stream pending again, attempts
 // reset, and returns how many it requeued.
 func (s *Store) Requeue(ctx context.Context, stream string, ids ...int64) (int, error) {
+	if err := s.ready(ctx); err != nil {
+		return 0, err
+	}
 	n, err := s.core.Requeue(ctx, stream, ids)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: requeue %d events: %w", len(ids), err)
@@ -631,6 +676,9 @@ func (s *Store) Requeue(ctx context.Context, stream string, ids ...int64) (int, 
 // waiting for. Events that no group takes yet stay dead. It returns how many
 // it moved.
 func (s *Store) Reroute(ctx context.Context, stream string, ids ...int64) (int, error) {
+	if err := s.ready(ctx); err != nil {
+		return 0, err
+	}
 	n, err := s.core.Reroute(ctx, stream, ids)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: reroute %d events: %w", len(ids), err)
@@ -645,6 +693,9 @@ func (s *Store) Reroute(ctx context.Context, stream string, ids ...int64) (int, 
 // more than olderThan ago that no delivery row points at (acknowledged or
 // discarded ones), and counts them in the result.
 func (s *Store) Purge(ctx context.Context, olderThan time.Duration, limit int) (int64, error) {
+	if err := s.ready(ctx); err != nil {
+		return 0, err
+	}
 	n, err := s.core.Purge(ctx, olderThan, limit)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: purge: %w", err)
@@ -658,6 +709,9 @@ func (s *Store) Purge(ctx context.Context, olderThan time.Duration, limit int) (
 // points at. It reads without locking; it is a snapshot for a confirmation
 // or a dry run, as rows delivered meanwhile are purged too.
 func (s *Store) CountPurgeable(ctx context.Context, olderThan time.Duration) (int64, error) {
+	if err := s.ready(ctx); err != nil {
+		return 0, err
+	}
 	n, err := s.core.CountPurgeable(ctx, olderThan)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: count purgeable events: %w", err)
@@ -667,6 +721,9 @@ func (s *Store) CountPurgeable(ctx context.Context, olderThan time.Duration) (in
 
 // Stats counts undelivered rows per stream and consumer group.
 func (s *Store) Stats(ctx context.Context) ([]StreamStats, error) {
+	if err := s.ready(ctx); err != nil {
+		return nil, err
+	}
 	out, err := s.core.Stats(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: stats: %w", err)
@@ -678,6 +735,9 @@ func (s *Store) Stats(ctx context.Context) ([]StreamStats, error) {
 // given event kinds or, with none, for all kinds; matching events enqueued
 // from then on get a delivery row for the group. Idempotent.
 func (s *Store) RegisterGroup(ctx context.Context, stream, group string, kinds ...string) error {
+	if err := s.ready(ctx); err != nil {
+		return err
+	}
 	if err := s.core.RegisterGroup(ctx, stream, group, kinds...); err != nil {
 		return fmt.Errorf("outbox: register group: %w", err)
 	}
@@ -688,6 +748,9 @@ func (s *Store) RegisterGroup(ctx context.Context, stream, group string, kinds .
 // kinds (none: all kinds), in one transaction, dropping kinds it no longer
 // lists. Idempotent.
 func (s *Store) SetGroupKinds(ctx context.Context, stream, group string, kinds ...string) error {
+	if err := s.ready(ctx); err != nil {
+		return err
+	}
 	if err := s.core.SetGroupKinds(ctx, stream, group, kinds...); err != nil {
 		return fmt.Errorf("outbox: set group kinds: %w", err)
 	}
@@ -696,6 +759,9 @@ func (s *Store) SetGroupKinds(ctx context.Context, stream, group string, kinds .
 
 // UnregisterGroup removes a group's subscription; its existing rows stay.
 func (s *Store) UnregisterGroup(ctx context.Context, stream, group string) error {
+	if err := s.ready(ctx); err != nil {
+		return err
+	}
 	if err := s.core.UnregisterGroup(ctx, stream, group); err != nil {
 		return fmt.Errorf("outbox: unregister group: %w", err)
 	}
