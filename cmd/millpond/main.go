@@ -100,10 +100,11 @@ const purgeChunk = 10_000
 const usageText = `Usage: millpond [-db URL] [-delete-on-ack] <command> [flags]
 
 Commands:
-  migrate [-down -yes]                  install or upgrade the outbox schema (-down -yes removes it and every event)
+  migrate [-down -yes] [-lock-timeout D]
+                                        install or upgrade the outbox schema (-down -yes removes it and every event)
   stats [-json]                         count pending, processing and dead-lettered events per stream and group
-  dead list -stream S [-group G | -all-groups] [-after ID] [-limit N] [-json]
-                                        list dead-lettered events, oldest first
+  dead list -stream S [-group G | -all-groups] [-after ID] [-limit N] [-json | -show-keys]
+                                        list dead-lettered events, oldest first (keys hidden unless -show-keys)
   dead requeue -stream S ID...          make dead-lettered events pending again, attempts reset
   dead reroute -stream S ID...          move unrouted dead letters to the groups that take their kind now
   dead discard -stream S (ID... | [-group G] (-kind K | -all) [-yes | -dry-run])
@@ -868,7 +869,7 @@ func parseIDs(cmd string, pos []string) ([]int64, error) {
 func cmdPurge(e *env, args []string) error {
 	fs := newFlagSet(e, "purge", purgeUsage)
 	var horizon retention
-	fs.Var(&horizon, "older-than", "retention horizon, e.g. 7d, 168h or 1d12h (required)")
+	fs.Var(&horizon, "older-than", "retention horizon `D`, e.g. 7d, 168h or 1d12h (required)")
 	olderThan := (*time.Duration)(&horizon)
 	limit := fs.Int64("limit", 0, "most rows to delete (0: all that qualify)")
 	deleteOnAck := fs.Bool("delete-on-ack", false, "for stores run with outbox.WithDeleteOnAck: also delete events enqueued more than D ago that no delivery row points at (counted with the rows)")
