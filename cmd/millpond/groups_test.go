@@ -19,6 +19,7 @@ func TestMissingSchemaAndFirstMigrate(t *testing.T) {
 	for _, dialect := range testdb.Dialects {
 		t.Run(dialect, func(t *testing.T) {
 			db := testdb.New(t, dialect) // not migrated
+			createSQLiteFile(t, db)
 			flagDB := []string{"-db", db.URL}
 			for _, args := range [][]string{
 				{"stats"}, {"stats", "-json"}, {"dead", "list", "-stream", "s"}, {"dead", "requeue", "-stream", "s", "1"},

@@ -49,6 +49,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"os"
@@ -392,19 +393,9 @@ func open(e *env, local string, opts ...outbox.Option) (*outbox.Store, target, e
 // openWith is open with the given store options (a long-running command
 // such as relay keeps LISTEN on).
 func openWith(e *env, local string, opts ...outbox.Option) (*outbox.Store, target, error) {
-	raw := local
-	if raw == "" {
-		raw = e.dbURL
-	}
-	if raw == "" {
-		raw = e.getenv(EnvDatabaseURL)
-	}
-	if raw == "" {
-		return nil, target{}, usagef("no database: give -db URL or set %s", EnvDatabaseURL)
-	}
-	addr, err := dsn.Parse(raw)
+	raw, addr, err := address(e, local)
 	if err != nil {
-		return nil, target{}, usagef("-db: %v", err)
+		return nil, target{}, err
 	}
 	t := target{addr: addr, shown: addr.String()}
 	envOn := false
@@ -484,10 +475,51 @@ func cmdMigrate(e *env, args []string) error {
 	return nil
 }
 
+// address returns the database address a command uses (local, else -db,
+// else $MILLPOND_DATABASE_URL), parsed.
+func address(e *env, local string) (string, dsn.Address, error) {
+	raw := local
+	if raw == "" {
+		raw = e.dbURL
+	}
+	if raw == "" {
+		raw = e.getenv(EnvDatabaseURL)
+	}
+	if raw == "" {
+		return "", dsn.Address{}, usagef("no database: give -db URL or set %s", EnvDatabaseURL)
+	}
+	addr, err := dsn.Parse(raw)
+	if err != nil {
+		return "", dsn.Address{}, usagef("-db: %v", err)
+	}
+	return raw, addr, nil
+}
+
+// missingSQLiteFile reports whether addr names a SQLite file that does not
+// exist (opening it would create an empty database).
+func missingSQLiteFile(addr dsn.Address) bool {
+	if addr.Dialect != dsn.SQLite {
+		return false
+	}
+	name, _, _ := strings.Cut(addr.Path, "?")
+	if name == "" || strings.Contains(name, ":memory:") {
+		return false
+	}
+	_, err := os.Stat(name)
+	return errors.Is(err, fs.ErrNotExist)
+}
+
 // openInstalled is open for commands that need the outbox schema: when it
 // is not installed, it says so and how to install it, instead of letting a
-// statement fail on a missing table.
+// statement fail on a missing table. A SQLite file that does not exist is
+// refused before it is opened: opening would leave an empty database file
+// behind a mistyped path.
 func openInstalled(e *env, local string, opts ...outbox.Option) (*outbox.Store, target, error) {
+	if _, addr, err := address(e, local); err == nil {
+		if missingSQLiteFile(addr) {
+			return nil, target{addr: addr, shown: addr.String()}, fmt.Errorf("the SQLite database file of %s does not exist; check the path, or create it with `millpond migrate`", addr)
+		}
+	}
 	s, db, err := open(e, local, opts...)
 	if err != nil {
 		return nil, db, err

@@ -2,9 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"io"
+	"io/fs"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -132,6 +136,7 @@ func TestUIRefusesMissingSchema(t *testing.T) {
 	for _, dialect := range testdb.Dialects {
 		t.Run(dialect, func(t *testing.T) {
 			db := testdb.New(t, dialect) // not migrated
+			createSQLiteFile(t, db)
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 			defer cancel()
 			var stdout, stderr lockedBuffer
@@ -141,5 +146,43 @@ func TestUIRefusesMissingSchema(t *testing.T) {
 					code, stdout.String(), stderr.String(), exitFailure)
 			}
 		})
+	}
+}
+
+// TestMistypedSQLitePathCreatesNothing: a command that needs the schema,
+// given a SQLite file that does not exist (a mistyped path), says so and
+// leaves no empty database file behind; migrate still creates it.
+func TestMistypedSQLitePathCreatesNothing(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ordres.db")
+	for _, args := range [][]string{{"stats"}, {"dead", "list", "-stream", "orders"}, {"ui", "-addr", "127.0.0.1:0"}} {
+		var stdout, stderr lockedBuffer
+		code := run(context.Background(), append([]string{"-db", "sqlite:" + path}, args...), &stdout, &stderr, func(string) string { return "" })
+		if code != exitFailure || !strings.Contains(stderr.String(), "does not exist") {
+			t.Errorf("%v on a missing SQLite file: code %d, stderr %q; want %d and the file named missing", args, code, stderr.String(), exitFailure)
+		}
+		if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("%v created the mistyped database file (%v)", args, err)
+		}
+	}
+	var stdout, stderr lockedBuffer
+	if code := run(context.Background(), []string{"-db", "sqlite:" + path, "migrate"}, &stdout, &stderr, func(string) string { return "" }); code != 0 {
+		t.Fatalf("migrate: code %d, stderr %q", code, stderr.String())
+	}
+	if code := run(context.Background(), []string{"-db", "sqlite:" + path, "stats"}, &stdout, &stderr, func(string) string { return "" }); code != 0 {
+		t.Fatalf("stats after migrate: code %d, stderr %q", code, stderr.String())
+	}
+}
+
+// createSQLiteFile creates the (empty) file of an unmigrated SQLite test
+// database, which its first opening would: commands that need the schema
+// refuse a file that does not exist before they open it.
+func createSQLiteFile(t *testing.T, db *testdb.Database) {
+	t.Helper()
+	if db.Dialect != "sqlite" {
+		return
+	}
+	name, _, _ := strings.Cut(strings.TrimPrefix(db.URL, "sqlite:"), "?")
+	if err := os.WriteFile(name, nil, 0o600); err != nil {
+		t.Fatal(err)
 	}
 }
