@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
 	"github.com/millpond/millpond/outbox"
 	"github.com/millpond/millpond/outbox/sqlite"
 )
@@ -173,5 +176,57 @@ func TestDeferredStoreMethodsOpenIt(t *testing.T) {
 	_ = closed.Close()
 	if err := closed.Ping(ctx); !errors.Is(err, outbox.ErrNotOpened) {
 		t.Errorf("Ping of a deferred store closed before it opened: %v, want ErrNotOpened", err)
+	}
+}
+
+// TestDeferredStorePublishOpensIt: a Publisher made over a deferred store
+// (in a constructor) and used before the start (in an fx.Invoke) opens
+// the store as the store's own methods do, instead of running on a store
+// that holds nothing; on a store that cannot open it returns that error.
+func TestDeferredStorePublishOpensIt(t *testing.T) {
+	ctx := context.Background()
+	addr := "sqlite:" + filepath.Join(t.TempDir(), "deferred.db")
+	migrated, err := sqlite.Open(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := migrated.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = migrated.Close()
+	s, err := outbox.NewDeferred("sqlite", func(ctx context.Context, opts ...outbox.Option) (*outbox.Store, error) {
+		return sqlite.Open(ctx, addr, opts...)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	pub, err := outbox.NewAutoCommitPublisher(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish("orders", message.NewMessage(watermill.NewUUID(), []byte(`{}`))); err != nil {
+		t.Fatalf("Publish before OpenDeferred: %v", err)
+	}
+	stats, err := s.Stats(ctx)
+	if err != nil || len(stats) != 1 || stats[0].Pending != 1 {
+		t.Fatalf("Stats after the publish: %+v, %v", stats, err)
+	}
+
+	boom := errors.New("unreachable")
+	failed, err := outbox.NewDeferred("postgres", func(context.Context, ...outbox.Option) (*outbox.Store, error) { return nil, boom })
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mk := range []func(*outbox.Store) (*outbox.Publisher, error){outbox.NewAutoCommitPublisher, outbox.NewContextPublisher} {
+		pub, err := mk(failed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+		msg.SetContext(outbox.ContextWithTx(ctx, outbox.SQLTx(nil)))
+		if err := pub.Publish("orders", msg); !errors.Is(err, boom) {
+			t.Errorf("Publish on a store that cannot open: %v, want its opening's error", err)
+		}
 	}
 }

@@ -129,6 +129,13 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if p.closed {
 		return ErrClosed
 	}
+	if len(msgs) > 0 {
+		// A NewDeferred store opens here if nothing opened it before (a
+		// publisher made in a constructor, used in an fx.Invoke).
+		if err := p.store.ready(msgs[0].Context()); err != nil {
+			return fmt.Errorf("outbox: publish: %w", err)
+		}
+	}
 	switch p.mode {
 	case publishAutoCommit:
 		return p.publishAutoCommit(topic, msgs)
