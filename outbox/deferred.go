@@ -71,7 +71,8 @@ func (s *Store) OpenDeferred(ctx context.Context) error {
 	case s.closed:
 		return ErrNotOpened
 	}
-	want := s.dialect
+	// The driver's Open fails (closing what it opened) for a database of
+	// another dialect before it writes anything into s (see newStore).
 	got, err := d.open(ctx, append(d.opts[:len(d.opts):len(d.opts)], func(o *storeOptions) { o.into = s })...)
 	if err == nil && got != s {
 		if got != nil {
@@ -79,14 +80,7 @@ func (s *Store) OpenDeferred(ctx context.Context) error {
 		}
 		err = errors.New("outbox: open deferred store: the open function did not pass its options on to the driver's Open")
 	}
-	if err == nil && s.dialect != want {
-		d.opened = true // so that closeLocked closes what opened
-		_ = s.closeLocked()
-		d.opened = false
-		err = fmt.Errorf("outbox: open deferred store: opened a %s database, want %s", s.dialect, want)
-	}
 	if err != nil {
-		s.dialect = want
 		d.err = err
 		d.tried.Store(true)
 		return err

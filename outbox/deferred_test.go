@@ -4,14 +4,18 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/millpond/millpond/internal/testdb"
 	"github.com/millpond/millpond/outbox"
+	"github.com/millpond/millpond/outbox/anydb"
 	"github.com/millpond/millpond/outbox/sqlite"
 )
 
@@ -228,5 +232,65 @@ func TestDeferredStorePublishOpensIt(t *testing.T) {
 		if err := pub.Publish("orders", msg); !errors.Is(err, boom) {
 			t.Errorf("Publish on a store that cannot open: %v, want its opening's error", err)
 		}
+	}
+}
+
+// TestDeferredStoreReadsWhileItOpens: Dialect and ListenerStatus work on a
+// deferred store without opening it, so a readiness probe or a
+// NewSubscriber may call them while another goroutine opens it. Opening
+// must not write what they read (run with -race), and they answer the
+// same before, during and after. An open function that opens a database of
+// another dialect fails without changing the store's dialect.
+func TestDeferredStoreReadsWhileItOpens(t *testing.T) {
+	for _, dialect := range []string{"sqlite", "postgres"} {
+		t.Run(dialect, func(t *testing.T) {
+			db := testdb.New(t, dialect)
+			s, err := outbox.NewDeferred(dialect, func(ctx context.Context, opts ...outbox.Option) (*outbox.Store, error) {
+				return anydb.Open(ctx, db.URL, opts...)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			wantListening := dialect == "postgres"
+			stop := make(chan struct{})
+			done := make(chan string, 1)
+			go func() {
+				for {
+					if l, _ := s.ListenerStatus(); l != wantListening || s.Dialect() != dialect {
+						done <- fmt.Sprintf("dialect %q, listening %t", s.Dialect(), l)
+						return
+					}
+					select {
+					case <-stop:
+						done <- ""
+						return
+					default:
+					}
+				}
+			}()
+			err = s.OpenDeferred(context.Background())
+			close(stop)
+			if msg := <-done; msg != "" {
+				t.Errorf("while opening: %s", msg)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	addr := "sqlite:" + filepath.Join(t.TempDir(), "other.db")
+	s, err := outbox.NewDeferred("postgres", func(ctx context.Context, opts ...outbox.Option) (*outbox.Store, error) {
+		return sqlite.Open(ctx, addr, opts...)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.OpenDeferred(context.Background()); err == nil || !strings.Contains(err.Error(), "opened a sqlite database, want postgres") {
+		t.Errorf("OpenDeferred of a sqlite database for a postgres store: %v", err)
+	}
+	if s.Dialect() != "postgres" || s.SQLDB() != nil {
+		t.Errorf("after the failed opening: dialect %q, SQLDB %v", s.Dialect(), s.SQLDB())
 	}
 }

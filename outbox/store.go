@@ -180,6 +180,11 @@ func buildOptions(opts []Option) storeOptions {
 }
 
 func newStore(d sqlcore.Dialect, db sqlcore.DB, o storeOptions) (*Store, error) {
+	if o.into != nil && o.into.dialect != d {
+		// Checked before anything is written into the deferred store, whose
+		// Dialect is read without a lock.
+		return nil, fmt.Errorf("outbox: open deferred store: opened a %s database, want %s", d, o.into.dialect)
+	}
 	logger := o.logger
 	coreOpts := []sqlcore.Option{sqlcore.WithConflictObserver(func(what string, err error, wait time.Duration) {
 		// Rare once every statement locks rows in id order; worth seeing.
@@ -205,12 +210,12 @@ func newStore(d sqlcore.Dialect, db sqlcore.DB, o storeOptions) (*Store, error) 
 	}
 	s := o.into
 	if s == nil {
-		s = &Store{}
+		// NewDeferred's store keeps its dialect (the same: checked above)
+		// and the hub its subscribers hold: Dialect, ListenerStatus and
+		// NewSubscriber read them without a lock while it opens.
+		s = &Store{dialect: d, wake: newWakeHub()}
 	}
-	if s.wake == nil { // NewDeferred's store keeps the hub its subscribers hold
-		s.wake = newWakeHub()
-	}
-	s.core, s.db, s.dialect, s.logger, s.gate, s.tel = core, db, d, o.logger, newNotifyGate(o.notifyEvery), tel
+	s.core, s.db, s.logger, s.gate, s.tel = core, db, o.logger, newNotifyGate(o.notifyEvery), tel
 	s.statsCache.interval = o.statsInterval
 	if o.statsInterval > 0 {
 		if err := tel.registerGauges(o.meterProvider, s); err != nil {
@@ -283,7 +288,9 @@ func NewStore(b Backend, opts ...Option) (*Store, error) {
 	if d == sqlcore.Postgres && o.listen {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.stop = cancel
-		s.wake.listening = true
+		if !s.wake.listening { // NewDeferred set it already: no write to race its readers
+			s.wake.listening = true
+		}
 		s.listener.Add(1)
 		go func() {
 			defer s.listener.Done()
