@@ -713,7 +713,7 @@ func (s *Store) Purge(ctx context.Context, olderThan time.Duration, limit int) (
 // CountPurgeable counts what Purge(ctx, olderThan, n) would delete now
 // with no limit: rows delivered more than olderThan ago and, with
 // WithDeleteOnAck, events created before the horizon that no delivery row
-// points at. It reads without locking; it is a snapshot for a confirmation
+// points at once those rows are gone. It reads without locking; it is a snapshot for a confirmation
 // or a dry run, as rows delivered meanwhile are purged too.
 func (s *Store) CountPurgeable(ctx context.Context, olderThan time.Duration) (int64, error) {
 	if err := s.ready(ctx); err != nil {

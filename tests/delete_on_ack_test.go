@@ -20,6 +20,7 @@ func TestDeleteOnAck(t *testing.T) {
 		{name: "OrderedEventsKeepTheirSequence", run: testDeleteOnAckOrdered},
 		{name: "IdempotentReEnqueueAfterAck", run: testDeleteOnAckIdempotent},
 		{name: "PurgeDeletesOldEventsWithoutRows", run: testDeleteOnAckPurge},
+		{name: "CountPurgeableCountsEventsOfRowsDeliveredBefore", run: testDeleteOnAckCountDeliveredBefore},
 		{name: "DiscardingTheLastRowKeepsTheEventUntilPurge", run: testDeleteOnAckDiscard},
 	}
 	for _, dialect := range testdb.Dialects {
@@ -278,6 +279,41 @@ func testDeleteOnAckPurge(t *testing.T, e *env) {
 	// A purged key is new again.
 	if res := e.enqueue(event("s", "old1")); !res.Inserted {
 		t.Fatalf("re-enqueue of a purged key: %+v, want inserted", res)
+	}
+}
+
+// testDeleteOnAckCountDeliveredBefore: rows delivered before the option
+// was set stay until Purge, which deletes them and then their events (no
+// row points at them any more). CountPurgeable, which the CLI's purge
+// shows and caps its deletion at, counts both, as Purge does.
+func testDeleteOnAckCountDeliveredBefore(t *testing.T, e *env) {
+	req := claimReq("s", 1, time.Minute, 1)
+	withOption := e.s
+	e.s = e.db.Store(t, outbox.WithoutListen(), outbox.WithClock(e.clock.Now)) // before the option
+	for _, k := range []string{"before1", "before2"} {
+		e.enqueue(event("s", k))
+		e.ack(e.claimOne(req))
+	}
+	e.s = withOption
+	e.enqueue(event("s", "after"))
+	e.ack(e.claimOne(req))
+	e.clock.Advance(2 * time.Hour)
+	if rows, events := e.deliveryRows(), e.eventRows(); rows != 2 || events != 3 {
+		t.Fatalf("%d rows and %d events, want the 2 delivered before the option and 3", rows, events)
+	}
+	n, err := e.s.CountPurgeable(e.ctx, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	purged, err := e.s.Purge(e.ctx, time.Hour, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if purged != 5 || n != purged {
+		t.Fatalf("CountPurgeable %d, Purge %d; want 5 (2 rows, their 2 events, and the event acknowledged with the option)", n, purged)
+	}
+	if rows, events := e.deliveryRows(), e.eventRows(); rows != 0 || events != 0 {
+		t.Fatalf("after the purge: %d rows and %d events", rows, events)
 	}
 }
 

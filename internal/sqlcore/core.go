@@ -1278,7 +1278,9 @@ func (c *Core) Purge(ctx context.Context, olderThan time.Duration, limit int) (i
 // CountPurgeable counts what Purge(olderThan, no limit) would delete now,
 // with a plain read that locks nothing: the delivered rows delivered more
 // than olderThan ago and, with deleteOnAck, the events created before the
-// horizon that no delivery row points at. It is a snapshot: rows delivered
+// horizon that no delivery row points at once those rows are gone (rows
+// delivered before the option was set go first, then their events). It is
+// a snapshot: rows delivered
 // or acknowledged meanwhile are purged too.
 func (c *Core) CountPurgeable(ctx context.Context, olderThan time.Duration) (int64, error) {
 	if olderThan < 0 {

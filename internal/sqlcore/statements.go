@@ -471,6 +471,9 @@ WHERE k.stream = @stream AND k.event_key = @key
 GROUP BY k.id, k.content_hash LOCK IN SHARE MODE`)
 	insertCols := insertColsFor
 
+	// purgeable is what purgeSelect picks (without its limit), as a
+	// condition on a delivery row.
+	var purgeable string
 	switch d {
 	case Postgres:
 		// The groups are read once, outer-joined to the new event: no group
@@ -733,7 +736,7 @@ ORDER BY d.id LIMIT @limit`)
   AND status = 'delivered'
 ORDER BY id
 FOR UPDATE`)
-		s.purgeCount = c(`SELECT COUNT(*) FROM millpond_deliveries WHERE status = 'delivered' AND delivered_at <> 0 AND delivered_at < @now - @horizon::BIGINT`)
+		purgeable = "status = 'delivered' AND delivered_at <> 0 AND delivered_at < @now - @horizon::BIGINT"
 		s.register = c("INSERT INTO millpond_subscriptions (stream, consumer_group, event_kind, created_at) VALUES (@stream, @group, @kind, @now) ON CONFLICT DO NOTHING")
 		s.migrationsDDL = "CREATE TABLE IF NOT EXISTS millpond_schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR(128) NOT NULL, applied_at BIGINT NOT NULL)"
 		s.recordSQL = "INSERT INTO millpond_schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)"
@@ -883,7 +886,7 @@ ORDER BY id`)
 		// them by id, in id order: a DELETE ... ORDER BY delivered_at would
 		// lock rows in delivery order.
 		s.purgeSelect = c(`SELECT id FROM millpond_deliveries WHERE delivered_at > 0 AND delivered_at < @now - @horizon AND status = 'delivered' ORDER BY delivered_at LIMIT @limit`)
-		s.purgeCount = c(`SELECT COUNT(*) FROM millpond_deliveries WHERE delivered_at > 0 AND delivered_at < @now - @horizon AND status = 'delivered'`)
+		purgeable = "delivered_at > 0 AND delivered_at < @now - @horizon AND status = 'delivered'"
 		s.deleteDeliveries = c("DELETE d FROM " + mysqlSettleRows)
 		s.register = c("INSERT INTO millpond_subscriptions (stream, consumer_group, event_kind, created_at) VALUES (@stream, @group, @kind, @now) ON DUPLICATE KEY UPDATE stream = stream")
 		s.migrationsDDL = "CREATE TABLE IF NOT EXISTS millpond_schema_migrations (version INT PRIMARY KEY, name VARCHAR(128) NOT NULL, applied_at BIGINT NOT NULL) ENGINE=InnoDB"
@@ -983,7 +986,7 @@ WHERE status = 'processing' AND available_at > @now AND (id, claim_key) IN ({pai
 WHERE status = 'dead_letter' AND stream = @stream AND ordering_key = '' AND id IN ({ids})`)
 		s.purgeSelect = c(`SELECT id FROM millpond_deliveries WHERE status = 'delivered' AND delivered_at < @now - @horizon
 ORDER BY delivered_at LIMIT @limit`)
-		s.purgeCount = c(`SELECT COUNT(*) FROM millpond_deliveries WHERE status = 'delivered' AND delivered_at < @now - @horizon`)
+		purgeable = "status = 'delivered' AND delivered_at < @now - @horizon"
 		s.register = c("INSERT INTO millpond_subscriptions (stream, consumer_group, event_kind, created_at) VALUES (@stream, @group, @kind, @now) ON CONFLICT DO NOTHING")
 		s.migrationsDDL = "CREATE TABLE IF NOT EXISTS millpond_schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)"
 		s.recordSQL = "INSERT INTO millpond_schema_migrations (version, name, applied_at) VALUES (?, ?, ?)"
@@ -997,6 +1000,7 @@ ORDER BY delivered_at LIMIT @limit`)
 	// horizon that still have rows; an event whose clock ran behind a
 	// younger id waits for a later Purge). Deleted by dropOrphans, which
 	// checks again that no row points at them.
+	s.purgeCount = c(`SELECT COUNT(*) FROM millpond_deliveries WHERE ` + purgeable)
 	if deleteOnAck {
 		cast := ""
 		if d == Postgres {
@@ -1008,7 +1012,13 @@ WHERE e.id < COALESCE((SELECT MIN(y.id) FROM millpond_events y WHERE y.created_a
   AND NOT EXISTS (SELECT 1 FROM millpond_deliveries d WHERE d.event_id = e.id)`
 		s.purgeEvents = c(`SELECT e.id ` + orphans + `
 ORDER BY e.id LIMIT @limit`)
-		s.purgeEventsCount = c(`SELECT COUNT(*) ` + orphans)
+		// Counted: the events without rows, and those whose every row
+		// Purge deletes first (rows delivered before WithDeleteOnAck was
+		// set), which it then deletes as well.
+		s.purgeEventsCount = c(`SELECT COUNT(*) FROM millpond_events e
+WHERE e.id < COALESCE((SELECT MIN(y.id) FROM millpond_events y WHERE y.created_at >= @now - @horizon` + cast + `), 9223372036854775807)
+  AND e.created_at < @now - @horizon` + cast + `
+  AND NOT EXISTS (SELECT 1 FROM millpond_deliveries d WHERE d.event_id = e.id AND NOT (` + purgeable + `))`)
 	}
 	s.lifecycle = newLifecycleStatements(d)
 	return s
