@@ -235,3 +235,66 @@ func TestBulkConfirmFlagsUsage(t *testing.T) {
 		t.Errorf("help lacks -dry-run: %q", stdout)
 	}
 }
+
+// typedAfter is an operator's terminal: before the typed line is read,
+// meanwhile happens (while the prompt waits).
+type typedAfter struct {
+	meanwhile func()
+	line      io.Reader
+}
+
+func (r *typedAfter) Read(p []byte) (int, error) {
+	if r.meanwhile != nil {
+		r.meanwhile()
+		r.meanwhile = nil
+	}
+	return r.line.Read(p)
+}
+
+// TestDeadDiscardDeletesWhatWasConfirmed: dead discard -all asks to
+// confirm deleting "these 3 dead-lettered events"; an event dead-lettered
+// in the group while the operator reads the prompt was never shown to
+// them, and stays (for the next discard), as a confirmed purge deletes at
+// most the count it showed.
+func TestDeadDiscardDeletesWhatWasConfirmed(t *testing.T) {
+	for _, dialect := range testdb.Dialects {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			db := bulkFixture(t, dialect)
+			store := db.Store(t)
+			ctx := context.Background()
+			deadLetterOne := func() {
+				tx, commit, rollback := db.Begin(t)
+				if _, err := store.Enqueue(ctx, tx, outbox.Event{Stream: "orders", Key: "order-meanwhile", Kind: "OrderPlaced", Payload: []byte("{}")}); err != nil {
+					rollback()
+					t.Error(err)
+					return
+				}
+				if err := commit(); err != nil {
+					t.Error(err)
+					return
+				}
+				cs, err := store.Claim(ctx, outbox.ClaimRequest{Stream: "orders", Group: "billing", Worker: "w", Limit: 10, Lease: time.Minute, MaxAttempts: 1})
+				if err != nil || len(cs) != 1 {
+					t.Errorf("claim: %d, %v", len(cs), err)
+					return
+				}
+				if _, err := store.Fail(ctx, cs[0].Receipt(), outbox.Failure{Reason: "card declined", MaxAttempts: 1}); err != nil {
+					t.Error(err)
+				}
+			}
+			var out, errb bytes.Buffer
+			e := &env{ctx: ctx, stdout: &out, stderr: &errb, getenv: func(string) string { return "" },
+				stdin: &typedAfter{meanwhile: deadLetterOne, line: strings.NewReader("billing\n")}, interactive: true}
+			code := runEnv(e, []string{"-db", db.URL, "dead", "discard", "-stream", "orders", "-group", "billing", "-all"})
+			t.Logf("-> %d\n%s%s", code, out.String(), errb.String())
+			if code != exitOK || !strings.Contains(out.String(), "would discard 3 ") || !strings.Contains(out.String(), "discarded 3 dead-lettered events") {
+				t.Fatalf("confirmed discard: code %d, stdout %q", code, out.String())
+			}
+			left := db.Count(t, "SELECT COUNT(*) FROM millpond_deliveries WHERE consumer_group = 'billing' AND status = 'dead_letter'")
+			if left != 1 {
+				t.Fatalf("%d dead letters of billing left, want the 1 dead-lettered while the prompt waited", left)
+			}
+		})
+	}
+}

@@ -229,8 +229,9 @@ matched.
 
 With -kind or -all it deletes only when confirmed: -yes deletes at once (for
 scripts); without it, it prints how many dead letters match and asks, on a terminal,
-for the group's name (the stream's for the default group). Otherwise nothing is
-deleted and it exits 2. -dry-run only prints the count.
+for the group's name (the stream's for the default group), then discards only those
+(not the ones dead-lettered meanwhile). Otherwise nothing is deleted and it exits 2.
+-dry-run only prints the count.
 `
 
 func cmdDeadDiscard(e *env, args []string) error {
@@ -320,33 +321,80 @@ func cmdDeadDiscard(e *env, args []string) error {
 		return nothingf("dead discard: group %s of stream %s has no dead letters of %s%s", groupName(*group), *stream, ofKind,
 			whereDeadLettersAre(e, s, *stream, *group, *kind))
 	}
-	if !bulk.yes {
-		// Count and confirm first (-yes skips the count: a script's run
-		// costs and prints what it did before).
-		n, err := s.CountDead(e.ctx, sel)
-		if err != nil {
-			return db.fail("count dead letters in", err)
-		}
-		if n == 0 {
-			return none()
-		}
-		answer := *group
-		if answer == "" {
-			answer = *stream
-		}
-		if err := confirmBulk(e, bulk, "dead discard", "discarded", answer, fmt.Sprintf("these %d dead-lettered events", n),
-			fmt.Sprintf("would discard %d dead-lettered events of %s in group %s of stream %s", n, ofKind, groupName(*group), *stream)); err != nil {
+	if bulk.yes {
+		// No count first: a script's run costs and prints what it did
+		// before.
+		if err := discard(sel); err != nil {
 			return err
 		}
+		if total == 0 {
+			return none()
+		}
+		fmt.Fprintf(e.stdout, "discarded %d dead-lettered events\n", total)
+		return nil
 	}
-	if err := discard(sel); err != nil {
+	// Count and confirm first. The prompt confirms the dead letters it
+	// counted: their ids are read before it and only they are discarded,
+	// so an event dead-lettered while the operator reads the prompt (or
+	// answers it minutes later) waits for the next discard.
+	var n int64
+	var confirmed []int64
+	if bulk.dryRun {
+		if n, err = s.CountDead(e.ctx, sel); err != nil {
+			return db.fail("count dead letters in", err)
+		}
+	} else {
+		if confirmed, err = deadIDs(e, s, *stream, *group, *kind); err != nil {
+			return db.fail("count dead letters in", err)
+		}
+		n = int64(len(confirmed))
+	}
+	if n == 0 {
+		return none()
+	}
+	answer := *group
+	if answer == "" {
+		answer = *stream
+	}
+	if err := confirmBulk(e, bulk, "dead discard", "discarded", answer, fmt.Sprintf("these %d dead-lettered events", n),
+		fmt.Sprintf("would discard %d dead-lettered events of %s in group %s of stream %s", n, ofKind, groupName(*group), *stream)); err != nil {
 		return err
+	}
+	for start := 0; start < len(confirmed); start += outbox.MaxBatch {
+		if err := discard(outbox.DeadSelector{Stream: *stream, IDs: confirmed[start:min(start+outbox.MaxBatch, len(confirmed))]}); err != nil {
+			return err
+		}
 	}
 	if total == 0 {
 		return none()
 	}
 	fmt.Fprintf(e.stdout, "discarded %d dead-lettered events\n", total)
+	if total < n {
+		fmt.Fprintf(e.stderr, "%d of the %d confirmed were no longer dead letters (requeued or discarded meanwhile)\n", n-total, n)
+	}
 	return nil
+}
+
+// deadIDs reads the ids of the dead letters of a group (of one kind, or
+// all), page by page, in id order: what a confirmed discard deletes.
+func deadIDs(e *env, s *outbox.Store, stream, group, kind string) ([]int64, error) {
+	var ids []int64
+	q := outbox.DeadQuery{Stream: stream, Group: group, Limit: outbox.MaxBatch}
+	for {
+		page, err := s.ListDead(e.ctx, q)
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range page {
+			if kind == "" || d.Kind == kind {
+				ids = append(ids, d.ID)
+			}
+		}
+		if len(page) < q.Limit {
+			return ids, nil
+		}
+		q.AfterID = page[len(page)-1].ID
+	}
 }
 
 // whereDeadLettersAre says, for a discard that matched nothing (a typo in
