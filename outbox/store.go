@@ -381,7 +381,11 @@ func (s *Store) closeLocked() error {
 // statements queued behind it run, until ctx ends. Once a try has timed
 // out, it then returns an error wrapping ErrMigrationLockTimeout, and the
 // schema stays at the version it had (on MySQL and MariaDB, with the steps
-// completed before). Give it a context with a deadline.
+// completed before). Give it a context with a deadline. On MySQL and
+// MariaDB, whose server runs on a statement its client gave up, a statement
+// under way when ctx ends runs to its end (a lock wait at most the lock
+// timeout) before Migrate returns, so nothing of the migration runs after
+// it returned.
 func (s *Store) Migrate(ctx context.Context) error {
 	if err := s.ready(ctx); err != nil {
 		return err

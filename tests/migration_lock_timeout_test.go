@@ -368,3 +368,57 @@ func TestMigration0004RetriesAfterItsRenameOnMariaDB(t *testing.T) {
 	}
 	compareDumps(t, "the view after the retried migration", dumpOutbox(t, sdb, "mysql"), want)
 }
+
+// TestMigrationCancelledMidWaitLeavesNothingRunningOnMariaDB: Migrate's
+// context ends while 0004's RENAME waits for the metadata lock of an old
+// replica's transaction. MariaDB does not stop a statement whose client
+// closed its connection: cancelling the RENAME let Migrate return while
+// the server still waited for the lock (every session of the table queued
+// behind it, the migration lock held) and then, the old replica's
+// transaction ended, renamed millpond_outbox under the old replicas of a
+// schema reported as left at version 3. Once Migrate returned, nothing of
+// it may still run: no statement waits, the migration lock is free, and
+// the table stays where the failed migration left it.
+func TestMigrationCancelledMidWaitLeavesNothingRunningOnMariaDB(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.New(t, "mysql")
+	timeout := 4 * time.Second // wide: the wait a cancelled RENAME would go on with
+	s := openV3Store(t, db, outbox.WithMigrationLockTimeout(timeout))
+	sdb := s.SQLDB()
+	writeVersion3(t, sdb, "mysql", v4Rows())
+	long := holdOutbox(t, ctx, sdb, "mysql", "millpond_outbox")
+	mctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- s.Migrate(mctx) }()
+	waitForLockWait(t, sdb, "mysql", done)
+	cancel() // mid-wait: the first try has not timed out
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(timeout + 5*time.Second):
+		t.Fatal("Migrate did not return after its context ended")
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Migrate: %v, want the context's error", err)
+	}
+	var waiting, lockHeld int64
+	if err := sdb.QueryRowContext(ctx, `SELECT
+  (SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO LIKE 'RENAME%'),
+  (SELECT COUNT(IS_USED_LOCK(CONCAT('millpond_migrate:', SHA1(DATABASE())))))`).Scan(&waiting, &lockHeld); err != nil {
+		t.Fatal(err)
+	}
+	if waiting != 0 || lockHeld != 0 {
+		t.Errorf("after Migrate returned (%v): %d statements of the migration still run, %d migration locks held", err, waiting, lockHeld)
+	}
+	if err := long.Commit(); err != nil { // the old replica's transaction ends
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if n := db.Count(t, "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'millpond_outbox' AND TABLE_TYPE = 'BASE TABLE'"); n != 1 {
+		t.Errorf("millpond_outbox was renamed after Migrate returned %v", err)
+	}
+	if err := insertV3(ctx, sdb, "mysql", "after-cancel"); err != nil {
+		t.Errorf("an old replica's enqueue after the cancelled migration: %v", err)
+	}
+}

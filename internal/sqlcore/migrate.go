@@ -352,9 +352,12 @@ func (c *Core) underMigrationLock(ctx context.Context, what string, fn func(Tx) 
 	// database/sql rolls a transaction back as soon as the context it began
 	// with ends and hands its connection back to the pool, with MySQL's
 	// session state (the named lock, the lock timeouts) still set: a MySQL
-	// try begins without ctx's end, its statements run under ctx (a
-	// statement ctx stops closes the connection), and unlock and restore
-	// then run on the still open transaction.
+	// try begins without ctx's end, and unlock and restore run on the
+	// still open transaction. Its migration statements run to their end
+	// (see uninterrupted): a statement ctx stopped would only close the
+	// connection, and the server would run it on, its lock wait queueing
+	// the table's sessions and its DDL (0004's RENAME) committing after
+	// Migrate returned.
 	beginCtx := ctx
 	if c.dialect == MySQL {
 		beginCtx = context.WithoutCancel(ctx)
@@ -370,15 +373,20 @@ func (c *Core) underMigrationLock(ctx context.Context, what string, fn func(Tx) 
 				return err
 			}
 			defer restore()
+			if c.dialect == MySQL {
+				return fn(uninterrupted{Tx: tx, ctx: ctx})
+			}
 			return fn(tx)
 		})
 		switch {
 		case last == nil:
 			return struct{}{}, nil
-		case ctx.Err() == nil && lockWaitEnded(c.db, last):
+		case lockWaitEnded(c.db, last):
 			timedOut++
 			lastLockErr = last
-			return struct{}{}, last
+			if ctx.Err() == nil {
+				return struct{}{}, last
+			}
 		}
 		return struct{}{}, backoff.Permanent(last)
 	},
@@ -400,6 +408,32 @@ func (c *Core) underMigrationLock(ctx context.Context, what string, fn func(Tx) 
 		return fmt.Errorf("%w (stopped: %w)", last, err)
 	}
 	return err
+}
+
+// uninterrupted is a MySQL migration's transaction: a statement runs to
+// its end whether or not ctx ends meanwhile (each of its lock waits bounded
+// by the lock timeout), and once ctx has ended no statement starts. The
+// server does not stop a statement whose client closed the connection, so
+// cancelling it would let Migrate return while the statement still waits
+// for its lock, holding up the table's sessions, and then commits its DDL
+// on a schema reported as left at its version.
+type uninterrupted struct {
+	Tx
+	ctx context.Context
+}
+
+func (t uninterrupted) ExecContext(_ context.Context, query string, args ...any) (Result, error) {
+	if err := t.ctx.Err(); err != nil {
+		return nil, err
+	}
+	return t.Tx.ExecContext(context.WithoutCancel(t.ctx), query, args...)
+}
+
+func (t uninterrupted) QueryContext(_ context.Context, query string, args ...any) (Rows, error) {
+	if err := t.ctx.Err(); err != nil {
+		return nil, err
+	}
+	return t.Tx.QueryContext(context.WithoutCancel(t.ctx), query, args...)
 }
 
 func plural(n int, one, many string) string {
