@@ -36,7 +36,8 @@ type deferredOpen struct {
 // store opened, Dialect, Close, Watch and ListenerStatus work without
 // opening it; every method that takes a context opens it first, with that
 // context, and returns the opening's error if it fails (again on every
-// later call: it opens at most once); SQLDB and Pool open it at once (with
+// later call: it opens at most once; but an opening its caller's context
+// ended is tried again by the next call); SQLDB and Pool open it at once (with
 // context.Background(): give open a timeout of its own) and return nil if
 // that fails.
 func NewDeferred(dialect string, open func(ctx context.Context, opts ...Option) (*Store, error), opts ...Option) (*Store, error) {
@@ -58,7 +59,9 @@ func NewDeferred(dialect string, open func(ctx context.Context, opts ...Option) 
 // OpenDeferred opens a Store made by NewDeferred; it does nothing for
 // other stores, or once the store opened. It opens at most once: after a
 // failure it returns the same error again (the error never shows the
-// address's password, as the driver packages' Open).
+// address's password, as the driver packages' Open), unless ctx had ended:
+// an opening cut short by its caller's context (a readiness probe's, a
+// request's) is not the store's failure, and the next call opens again.
 func (s *Store) OpenDeferred(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -79,6 +82,9 @@ func (s *Store) OpenDeferred(ctx context.Context) error {
 			_ = got.Close()
 		}
 		err = errors.New("outbox: open deferred store: the open function did not pass its options on to the driver's Open")
+	}
+	if err != nil && ctx.Err() != nil {
+		return err // nothing opened; tried stays false
 	}
 	if err != nil {
 		d.err = err

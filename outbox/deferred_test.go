@@ -294,3 +294,29 @@ func TestDeferredStoreReadsWhileItOpens(t *testing.T) {
 		t.Errorf("after the failed opening: dialect %q, SQLDB %v", s.Dialect(), s.SQLDB())
 	}
 }
+
+// TestDeferredStoreOpeningCutByItsCallerIsTriedAgain: a method called
+// before the start with a context that ends (a readiness probe's 1 s, a
+// request's) fails with that context's error, but the store is not broken
+// for good: the application's start opens it.
+func TestDeferredStoreOpeningCutByItsCallerIsTriedAgain(t *testing.T) {
+	addr := "sqlite:" + filepath.Join(t.TempDir(), "deferred.db")
+	s, err := outbox.NewDeferred("sqlite", func(ctx context.Context, opts ...outbox.Option) (*outbox.Store, error) {
+		return sqlite.Open(ctx, addr, opts...)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	probe, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Ping(probe); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Ping with an ended context: %v, want context.Canceled", err)
+	}
+	if err := s.OpenDeferred(context.Background()); err != nil {
+		t.Fatalf("OpenDeferred (the start) after a probe's context ended: %v", err)
+	}
+	if err := s.Ping(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
