@@ -175,7 +175,8 @@ func cmdGroupsUnregister(e *env, args []string) error {
 		}
 		if n := g.Pending + g.Processing + g.Dead; n > 0 {
 			if err := confirmBulk(e, bulk, "groups unregister", "changed", *group, fmt.Sprintf("these %d events", n),
-				fmt.Sprintf("would unregister group %s from stream %s and discard its %d pending, %d processing and %d dead-lettered events",
+				fmt.Sprintf("would unregister group %s from stream %s and discard its %d pending, %d processing and %d dead-lettered events"+
+					" (as of now: events written for the group until it is unregistered go too)",
 					*group, *stream, g.Pending, g.Processing, g.Dead)); err != nil {
 				return err
 			}
