@@ -111,20 +111,7 @@ func TestMigrationLockWaitIsBounded(t *testing.T) {
 
 			// (b) The long transaction ends; the next try succeeds and
 			// keeps every row.
-			if err := long.Commit(); err != nil {
-				t.Fatal(err)
-			}
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Fatalf("migrate: %v", err)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("the migration did not complete within 10 s of the long transaction's end")
-			}
-			if err := s.CheckSchema(ctx); err != nil {
-				t.Errorf("schema after the migration: %v", err)
-			}
+			migrationCompletes(t, ctx, s, long, done, "the long transaction's end")
 			n, lost := lostEnqueues(t, ctx, sdb, "millpond_events", &committed)
 			t.Logf("%d enqueues of the old replica committed while the migration retried", n)
 			if lost > 0 {
@@ -345,20 +332,7 @@ func TestMigration0004RetriesAfterItsRenameOnMariaDB(t *testing.T) {
 	if err := insertV3(ctx, sdb, "mysql", "late"); err == nil {
 		t.Error("an old replica's enqueue into millpond_outbox succeeded after the rename")
 	}
-	if err := long.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("migrate: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the migration did not complete within 10 s of the reader's end")
-	}
-	if err := s.CheckSchema(ctx); err != nil {
-		t.Errorf("schema after the migration: %v", err)
-	}
+	migrationCompletes(t, ctx, s, long, done, "the reader's end")
 	var applied []int
 	for _, m := range res.Applied {
 		applied = append(applied, m.Version)
@@ -420,5 +394,27 @@ func TestMigrationCancelledMidWaitLeavesNothingRunningOnMariaDB(t *testing.T) {
 	}
 	if err := insertV3(ctx, sdb, "mysql", "after-cancel"); err != nil {
 		t.Errorf("an old replica's enqueue after the cancelled migration: %v", err)
+	}
+}
+
+// migrationCompletes commits the long transaction that held up a migration
+// running in the background (its result comes on done), then requires the
+// migration to succeed within 10 s of that (after) and the schema to be
+// complete.
+func migrationCompletes(t *testing.T, ctx context.Context, s *outbox.Store, long *sql.Tx, done <-chan error, after string) {
+	t.Helper()
+	if err := long.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("migrate: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the migration did not complete within 10 s of %s", after)
+	}
+	if err := s.CheckSchema(ctx); err != nil {
+		t.Errorf("schema after the migration: %v", err)
 	}
 }
