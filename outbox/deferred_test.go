@@ -53,12 +53,7 @@ func TestDeferredStoreOpensOnceOnStart(t *testing.T) {
 
 func TestDeferredStoreSQLDBOpensOnDemand(t *testing.T) {
 	addr := "sqlite:" + filepath.Join(t.TempDir(), "deferred.db")
-	s, err := outbox.NewDeferred("sqlite", func(ctx context.Context, opts ...outbox.Option) (*outbox.Store, error) {
-		return sqlite.Open(ctx, addr, opts...)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := deferredSQLite(t, addr)
 	defer s.Close()
 	db := s.SQLDB() // a constructor taking it before the start: opens the store
 	if db == nil {
@@ -198,12 +193,7 @@ func TestDeferredStorePublishOpensIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = migrated.Close()
-	s, err := outbox.NewDeferred("sqlite", func(ctx context.Context, opts ...outbox.Option) (*outbox.Store, error) {
-		return sqlite.Open(ctx, addr, opts...)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := deferredSQLite(t, addr)
 	defer s.Close()
 	pub, err := outbox.NewAutoCommitPublisher(s)
 	if err != nil {
@@ -301,12 +291,7 @@ func TestDeferredStoreReadsWhileItOpens(t *testing.T) {
 // for good: the application's start opens it.
 func TestDeferredStoreOpeningCutByItsCallerIsTriedAgain(t *testing.T) {
 	addr := "sqlite:" + filepath.Join(t.TempDir(), "deferred.db")
-	s, err := outbox.NewDeferred("sqlite", func(ctx context.Context, opts ...outbox.Option) (*outbox.Store, error) {
-		return sqlite.Open(ctx, addr, opts...)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := deferredSQLite(t, addr)
 	defer s.Close()
 	probe, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -319,4 +304,17 @@ func TestDeferredStoreOpeningCutByItsCallerIsTriedAgain(t *testing.T) {
 	if err := s.Ping(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// deferredSQLite is a NewDeferred store that opens the SQLite database
+// addr.
+func deferredSQLite(t *testing.T, addr string) *outbox.Store {
+	t.Helper()
+	s, err := outbox.NewDeferred("sqlite", func(ctx context.Context, opts ...outbox.Option) (*outbox.Store, error) {
+		return sqlite.Open(ctx, addr, opts...)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
