@@ -76,10 +76,7 @@ func TestMigrationLockWaitIsBounded(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			timeout := migrationLockTimeouts[dialect]
-			db := testdb.New(t, dialect)
-			s := openV3Store(t, db, outbox.WithMigrationLockTimeout(timeout))
-			sdb := s.SQLDB()
-			writeVersion3(t, sdb, dialect, v4Rows())
+			db, s, sdb := v3StoreWithRows(t, dialect, timeout)
 			before := len(dumpOutbox(t, sdb, dialect))
 
 			long := holdOutbox(t, ctx, sdb, dialect, "millpond_outbox")
@@ -135,10 +132,7 @@ func TestMigrationLockTimeoutEndsWithTheContext(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			timeout := migrationLockTimeouts[dialect]
-			db := testdb.New(t, dialect)
-			s := openV3Store(t, db, outbox.WithMigrationLockTimeout(timeout))
-			sdb := s.SQLDB()
-			writeVersion3(t, sdb, dialect, v4Rows())
+			db, s, sdb := v3StoreWithRows(t, dialect, timeout)
 
 			long := holdOutbox(t, ctx, sdb, dialect, "millpond_outbox")
 			// Long enough for a try to time out on a loaded machine: the
@@ -417,4 +411,16 @@ func migrationCompletes(t *testing.T, ctx context.Context, s *outbox.Store, long
 	if err := s.CheckSchema(ctx); err != nil {
 		t.Errorf("schema after the migration: %v", err)
 	}
+}
+
+// v3StoreWithRows opens a new database of the dialect at schema version 3
+// (the previous release's) holding rows in every state, through a store
+// whose migration lock timeout is timeout.
+func v3StoreWithRows(t *testing.T, dialect string, timeout time.Duration) (*testdb.Database, *outbox.Store, *sql.DB) {
+	t.Helper()
+	db := testdb.New(t, dialect)
+	s := openV3Store(t, db, outbox.WithMigrationLockTimeout(timeout))
+	sdb := s.SQLDB()
+	writeVersion3(t, sdb, dialect, v4Rows())
+	return db, s, sdb
 }
