@@ -29,9 +29,12 @@ type Dialect string
 
 // The dialects an address can name.
 const (
+	// Postgres is PostgreSQL.
 	Postgres Dialect = "postgres"
-	MySQL    Dialect = "mysql"
-	SQLite   Dialect = "sqlite"
+	// MySQL is MySQL or MariaDB.
+	MySQL Dialect = "mysql"
+	// SQLite is SQLite.
+	SQLite Dialect = "sqlite"
 )
 
 // Mask replaces every secret Redact and Scrub hide.

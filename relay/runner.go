@@ -28,12 +28,19 @@ const DefaultGroup = "relay"
 
 // Defaults of Config.
 const (
-	DefaultWindow         = 256
-	DefaultBatchSize      = outbox.MaxBatch
-	DefaultLease          = 30 * time.Second
-	DefaultMaxBackoff     = 10 * time.Second
+	// DefaultWindow is Config.Window's default for a Watermill relay (a
+	// JetStream relay's is DefaultJetStreamWindow).
+	DefaultWindow = 256
+	// DefaultBatchSize is Config.BatchSize's default.
+	DefaultBatchSize = outbox.MaxBatch
+	// DefaultLease is Config.Lease's default.
+	DefaultLease = 30 * time.Second
+	// DefaultMaxBackoff is Config.MaxBackoff's default.
+	DefaultMaxBackoff = 10 * time.Second
+	// DefaultPublishTimeout is Config.PublishTimeout's default.
 	DefaultPublishTimeout = 10 * time.Second
-	DefaultCloseTimeout   = 10 * time.Second
+	// DefaultCloseTimeout is Config.CloseTimeout's default.
+	DefaultCloseTimeout = 10 * time.Second
 )
 
 // Config is what both relays share. Zero values take the defaults.

@@ -79,7 +79,12 @@ const (
 
 // Outcomes on the latency histograms (outbox.AttrOutcome).
 const (
+	// OutcomePublished: the event was published and confirmed (JetStream's
+	// PubAck, or a Watermill publisher's Publish returning nil).
 	OutcomePublished = "published"
+	// OutcomeDuplicate: JetStream confirmed the event as a duplicate of a
+	// message its stream already holds (same Nats-Msg-Id), so it was not
+	// stored again.
 	OutcomeDuplicate = "duplicate"
 )
 
