@@ -82,9 +82,9 @@ const (
 	// OutcomePublished: the event was published and confirmed (JetStream's
 	// PubAck, or a Watermill publisher's Publish returning nil).
 	OutcomePublished = "published"
-	// OutcomeDuplicate: JetStream confirmed the event as a duplicate of a
-	// message its stream already holds (same Nats-Msg-Id), so it was not
-	// stored again.
+	// OutcomeDuplicate: the stream already held the event (a PubAck marked
+	// Duplicate or, in strict mode, the subject's last message), so it was
+	// not stored again.
 	OutcomeDuplicate = "duplicate"
 )
 
