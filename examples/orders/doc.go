@@ -17,7 +17,8 @@
 //	curl -s localhost:8080/stock
 //	curl -s localhost:8080/stats
 //
-// Flags (each also read from an environment variable; a flag wins):
+// Flags (all but -stats-interval also read from an environment variable; a
+// flag wins):
 //
 //	-addr  ORDERS_ADDR           listen address (default ":8080")
 //	-db    ORDERS_DATABASE_URL   database: sqlite:path, a postgres:// or
@@ -31,6 +32,8 @@
 //	                             let the admin UI at /admin/ requeue,
 //	                             reroute and discard dead letters and
 //	                             unregister groups (default: read-only)
+//	-stats-interval              how long one backlog query serves /metrics
+//	                             and /readyz (default 15s)
 //
 // For example, on the local PostgreSQL or MariaDB server:
 //
