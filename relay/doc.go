@@ -36,9 +36,9 @@
 // timeout); New refuses a stream with a shorter one
 // (ErrDuplicateWindowTooShort).
 //
-// Strict mode (Config.Strict) needs no window: each message is published
-// with Nats-Expected-Last-Subject-Sequence, the sequence of the subject's
-// last message as the relay knows it. On a mismatch the relay reads the
+// Strict mode (JetStreamConfig.Strict) needs no window: each message is
+// published with Nats-Expected-Last-Subject-Sequence, the sequence of the
+// subject's last message as the relay knows it. On a mismatch the relay reads the
 // subject's last message: if it carries this event's Nats-Msg-Id the event
 // was already published (success); if it is an earlier event of the same
 // ordering key the relay publishes again against its sequence; anything

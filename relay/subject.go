@@ -8,7 +8,7 @@ import (
 
 // Placeholders a subject template may use, each as a whole token.
 const (
-	// PlaceholderPrefix is Config.SubjectPrefix (one or more tokens).
+	// PlaceholderPrefix is JetStreamConfig.SubjectPrefix (one or more tokens).
 	PlaceholderPrefix = "{prefix}"
 	// PlaceholderStream is the event's outbox stream.
 	PlaceholderStream = "{stream}"
@@ -23,17 +23,18 @@ const (
 	PlaceholderOrderingKey = "{ordering_key}"
 )
 
-// DefaultSubjectTemplate is the subject template when Config.SubjectTemplate
-// is empty: "{prefix}.{stream}.{kind}".
+// DefaultSubjectTemplate is the subject template when
+// JetStreamConfig.SubjectTemplate is empty: "{prefix}.{stream}.{kind}".
 const DefaultSubjectTemplate = PlaceholderPrefix + "." + PlaceholderStream + "." + PlaceholderKind
 
 // OrderingKeySubjectTemplate is the template with the ordering key as the
-// last token, used when Config.OrderingKeyInSubject or Config.Strict is set
-// and no template is given: "{prefix}.{stream}.{kind}.{ordering_key}".
+// last token, used when JetStreamConfig.OrderingKeyInSubject or
+// JetStreamConfig.Strict is set and no template is given:
+// "{prefix}.{stream}.{kind}.{ordering_key}".
 const OrderingKeySubjectTemplate = DefaultSubjectTemplate + "." + PlaceholderOrderingKey
 
-// DefaultSubjectPrefix is the subject prefix when Config.SubjectPrefix is
-// empty.
+// DefaultSubjectPrefix is the subject prefix when
+// JetStreamConfig.SubjectPrefix is empty.
 const DefaultSubjectPrefix = "millpond"
 
 // DotReplacement replaces every '.' of a stream, kind, key or ordering key
