@@ -87,8 +87,8 @@ type Options struct {
 	// Hosts names the hosts the UI answers besides IP addresses: the
 	// request's Host header without its port, compared without case
 	// ("ops.example.com", or "*.example.com" for its subdomains); "*"
-	// answers any. Empty: "localhost" and "*.localhost". A request for another host gets 421 Misdirected
-	// Request, before Authorize runs. This refuses DNS rebinding: a page of
+	// answers any. Empty: "localhost" and "*.localhost". A request for
+	// another host gets 421 Misdirected Request, before Authorize runs. This refuses DNS rebinding: a page of
 	// an attacker's domain that resolves to this server is same-origin to
 	// the browser, which then sends it the UI's pages (and forms) from the
 	// operator's own machine, past origin checks and an Authorize that
