@@ -170,11 +170,7 @@ func TestMigration0004UnderOldWriters(t *testing.T) {
 			stop.Store(true)
 			wg.Wait()
 
-			n, lost := lostEnqueues(t, ctx, sdb, "millpond_events", &committed)
-			t.Logf("%d enqueues of the old replicas committed during the migration", n)
-			if lost > 0 {
-				t.Errorf("%d of the %d enqueues the old replicas committed are not in the migrated schema", lost, n)
-			}
+			n := requireNoLostEnqueues(t, ctx, sdb, "millpond_events", &committed, "of the old replicas during the migration")
 			if got := db.Count(t, "SELECT COUNT(*) FROM millpond_deliveries"); got != int64(preexisting+n) {
 				t.Errorf("%d delivery rows, want %d", got, preexisting+n)
 			}
@@ -446,11 +442,7 @@ func TestMigration0004DownUnderNewWriters(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	stop.Store(true)
 	wg.Wait()
-	n, lost := lostEnqueues(t, ctx, sdb, "millpond_outbox", &committed)
-	t.Logf("%d enqueues of the new replicas committed during the down steps", n)
-	if lost > 0 {
-		t.Errorf("%d of the %d enqueues the new replicas committed are not in the rebuilt table", lost, n)
-	}
+	requireNoLostEnqueues(t, ctx, sdb, "millpond_outbox", &committed, "of the new replicas during the down steps")
 }
 
 // lostEnqueues counts the keys in committed (the "live-" enqueues that
@@ -481,4 +473,17 @@ func lostEnqueues(t *testing.T, ctx context.Context, sdb *sql.DB, table string, 
 		return true
 	})
 	return n, lost
+}
+
+// requireNoLostEnqueues fails the test when an enqueue in committed (made
+// by the writers named in what) is missing from table, and returns how
+// many there were.
+func requireNoLostEnqueues(t *testing.T, ctx context.Context, sdb *sql.DB, table string, committed *sync.Map, what string) int {
+	t.Helper()
+	n, lost := lostEnqueues(t, ctx, sdb, table, committed)
+	t.Logf("%d enqueues committed %s", n, what)
+	if lost > 0 {
+		t.Errorf("%d of the %d enqueues committed %s are not in %s", lost, n, what, table)
+	}
+	return n
 }
