@@ -80,7 +80,9 @@ type Config struct {
 	// for a lock on a table (outbox.WithMigrationLockTimeout; default
 	// outbox.DefaultMigrationLockTimeout when zero or negative). The
 	// migration tries again after a backoff until fx's start timeout ends,
-	// then fails the start with outbox.ErrMigrationLockTimeout.
+	// then fails the start with outbox.ErrMigrationLockTimeout (or, when
+	// another replica was migrating the database all that time,
+	// outbox.ErrMigrationInProgress).
 	MigrationLockTimeout time.Duration
 	// OpenTimeout bounds connecting, in the store's OnStart hook (default 10 s;
 	// negative is refused with ErrInvalidConfig).

@@ -53,6 +53,12 @@ var (
 	// progress was rolled back: the schema is at an earlier version, usable
 	// by the version running on it; run the migration again.
 	ErrMigrationLockTimeout = sqlcore.ErrMigrationLockTimeout
+	// ErrMigrationInProgress is wrapped by Migrate and MigrateDown when
+	// their context ended while they waited for the database's migration
+	// lock: another process (a replica starting at the same time, or
+	// millpond migrate) was migrating it. This one changed nothing; the
+	// schema is at whatever version the other migration leaves.
+	ErrMigrationInProgress = sqlcore.ErrMigrationInProgress
 	// ErrInvalidSelector reports a DeadSelector that names none or more than
 	// one of ids, a kind, or all of a group.
 	ErrInvalidSelector = sqlcore.ErrInvalidSelector

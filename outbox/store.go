@@ -386,6 +386,12 @@ func (s *Store) closeLocked() error {
 // under way when ctx ends runs to its end (a lock wait at most the lock
 // timeout) before Migrate returns, so nothing of the migration runs after
 // it returned.
+//
+// Replicas that start together migrate one at a time: each waits for the
+// database's migration lock (PostgreSQL: an advisory lock; MySQL and
+// MariaDB: a named lock; SQLite: its single writer), and the next one finds
+// the steps applied. One whose context ends during that wait returns an
+// error wrapping ErrMigrationInProgress.
 func (s *Store) Migrate(ctx context.Context) error {
 	if err := s.ready(ctx); err != nil {
 		return err

@@ -420,3 +420,59 @@ func v3StoreWithRows(t *testing.T, dialect string, timeout time.Duration) (*test
 	writeVersion3(t, sdb, dialect, v4Rows())
 	return db, s, sdb
 }
+
+// TestMigrationWaitingForAnotherMigrationSaysSo: a replica whose context
+// ends while another process holds the database's migration lock (it is
+// migrating) gets ErrMigrationInProgress, not a bare context error nor
+// ErrMigrationLockTimeout, and changed nothing; once the lock is free it
+// migrates.
+func TestMigrationWaitingForAnotherMigrationSaysSo(t *testing.T) {
+	for _, dialect := range []string{"postgres", "mysql"} {
+		t.Run(dialect, func(t *testing.T) {
+			ctx := context.Background()
+			db := testdb.New(t, dialect)
+			s := unmigratedStore(t, db)
+			// The other migration: a session holding the lock Migrate takes.
+			conn, err := s.SQLDB().Conn(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			take, release := "SELECT pg_advisory_lock(7311042655112001)", "SELECT pg_advisory_unlock(7311042655112001)"
+			if dialect == "mysql" {
+				name := "CONCAT('millpond_migrate:', SHA1(DATABASE()))"
+				take, release = "SELECT GET_LOCK("+name+", 0)", "SELECT RELEASE_LOCK("+name+")"
+			}
+			if _, err := conn.ExecContext(ctx, take); err != nil {
+				t.Fatal(err)
+			}
+			released := false
+			defer func() {
+				if !released {
+					_, _ = conn.ExecContext(ctx, release)
+				}
+			}()
+
+			waitCtx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+			defer cancel()
+			err = s.Migrate(waitCtx)
+			if !errors.Is(err, outbox.ErrMigrationInProgress) {
+				t.Fatalf("Migrate while another migration holds the lock: %v, want an error wrapping ErrMigrationInProgress", err)
+			}
+			if errors.Is(err, outbox.ErrMigrationLockTimeout) {
+				t.Errorf("the wait for another migration was reported as a table lock timeout: %v", err)
+			}
+			if err := s.CheckSchema(ctx); !errors.Is(err, outbox.ErrSchemaNotInstalled) {
+				t.Errorf("schema after the refused migration: %v, want none installed", err)
+			}
+
+			if _, err := conn.ExecContext(ctx, release); err != nil {
+				t.Fatal(err)
+			}
+			released = true
+			if err := s.Migrate(ctx); err != nil {
+				t.Fatalf("Migrate once the lock is free: %v", err)
+			}
+		})
+	}
+}

@@ -54,6 +54,11 @@ var (
 	// the steps an earlier try completed stay applied): the schema is left
 	// at an earlier version, usable by the version that runs on it.
 	ErrMigrationLockTimeout = errors.New("the migration could not take its table locks: another transaction held them until the context ended")
+	// ErrMigrationInProgress reports a migration that waited for the
+	// migration lock of the database until its context ended: another
+	// process (a replica starting at the same time, or millpond migrate)
+	// was migrating it. Nothing was changed by this one.
+	ErrMigrationInProgress = errors.New("another migration of this database held the migration lock until the context ended")
 	// ErrInvalidSelector reports a selection of events that names none or
 	// more than one of its alternatives (ids, a kind, all of a group).
 	ErrInvalidSelector = errors.New("invalid selector")

@@ -531,12 +531,14 @@ func (c *Core) lock(ctx context.Context, tx Tx) error {
 				break
 			}
 			if err = ctx.Err(); err != nil {
-				err = fmt.Errorf("waiting for another migration of this database: %w", err)
 				break
 			}
 		}
 	}
 	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("take migration lock: %w: %w", ErrMigrationInProgress, err)
+		}
 		return fmt.Errorf("take migration lock: %w", err)
 	}
 	return nil
