@@ -48,6 +48,10 @@ const (
 	MetadataOrderingSeq = "millpond_ordering_seq"
 )
 
+// topicField names a Watermill topic in the errors of a topic the outbox
+// refuses: Watermill takes any string, the outbox a stream's characters.
+const topicField = "topic (the outbox stream)"
+
 type txKey struct{}
 
 // ContextWithTx returns a context carrying the caller's open transaction
@@ -128,6 +132,11 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	defer p.mu.RUnlock()
 	if p.closed {
 		return ErrClosed
+	}
+	// The topic is the stream: refused here under its Watermill name, not
+	// as a "stream" by the enqueue.
+	if err := ValidateKey(topicField, topic); err != nil {
+		return fmt.Errorf("outbox: publish: %w", err)
 	}
 	if len(msgs) > 0 {
 		// A NewDeferred store opens here if nothing opened it before (a

@@ -248,7 +248,7 @@ func NewSubscriber(store *Store, config SubscriberConfig) (*Subscriber, error) {
 // SubscribeInitialize registers the consumer group for the topic, so events
 // published from now on are kept for it even before it subscribes.
 func (s *Subscriber) SubscribeInitialize(topic string) error {
-	if err := ValidateKey("stream", topic); err != nil {
+	if err := ValidateKey(topicField, topic); err != nil {
 		return fmt.Errorf("outbox: subscribe initialize: %w", err)
 	}
 	if s.config.SkipRegistration {
@@ -270,7 +270,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	// The topic is the stream: checked here, not only by the registration
 	// a subscriber with SkipRegistration skips, whose claims would
 	// otherwise fail and retry forever.
-	if err := ValidateKey("stream", topic); err != nil {
+	if err := ValidateKey(topicField, topic); err != nil {
 		return nil, fmt.Errorf("outbox: subscribe: %w", err)
 	}
 	if err := s.store.CheckSchema(ctx); err != nil {
