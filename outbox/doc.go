@@ -25,6 +25,44 @@
 // that has no registered group at all go to the default group "" so that
 // nothing is dropped before the first subscriber exists.
 //
+// Watermill: a team moving handlers from another Watermill Pub/Sub (such
+// as watermill-sql) onto the Publisher and Subscriber should know where
+// they differ (watermill_adoption_test.go holds each point):
+//
+//   - A topic is a stream: 1-128 characters of [A-Za-z0-9._:-]. Publish,
+//     Subscribe (so Router.Run) and SubscribeInitialize refuse others with
+//     ErrInvalidKey.
+//   - A named ConsumerGroup registers when it subscribes, which for a
+//     router is Router.Run: events published before go only to the groups
+//     registered then, or to the default group "", never to it. Call
+//     SubscribeInitialize before publishing (at deployment) for a group
+//     that must see them. Handlers sharing one Subscriber share its group
+//     and split the events; give each handler that must get every event a
+//     Subscriber of its own group.
+//   - A Nack (a handler's error, a panic turned into one by Recoverer) is
+//     retried after the Subscriber's Backoff (1 s, doubling) as the next
+//     attempt (MetadataAttempt), and dead-lettered at MaxAttempts (10):
+//     not redelivered at once and for ever. RecordHandlerError, outside
+//     Recoverer, keeps the error text as the last error.
+//   - middleware.Retry runs the handler again within one delivery: all its
+//     runs count one attempt, and the lease is extended while it waits,
+//     so a handler may run MaxAttempts × (MaxRetries+1) times in all.
+//   - middleware.PoisonQueue acks the failed message, so it is never
+//     retried or dead-lettered here. Give it NewAutoCommitPublisher (a
+//     delivered message's context holds no transaction for
+//     NewContextPublisher), and put it inside middleware.Timeout, not
+//     outside: Timeout cancels the message's context when the handler
+//     inside it returns, and Publish uses that context. The poisoned
+//     message keeps its UUID (the event key) and metadata, its ordering key
+//     among them, which orders it in the poison stream; poisoned again
+//     after a redelivery, it is the same event, not a second one.
+//   - A message's context keeps the Subscribe context's values (the
+//     router's handler name) but not its cancellation: Router.Close lets
+//     running handlers finish and writes their acks, for the Subscriber's
+//     CloseTimeout (30 s); then their contexts are cancelled and their
+//     events are delivered again after their lease. It is cancelled too
+//     once the message is acked or nacked.
+//
 // Telemetry: the store records OpenTelemetry metrics (millpond.* counters,
 // histograms and backlog gauges, the gauges fed by one cached Stats query
 // per interval, see CachedStats) and traces (a producer span per enqueue

@@ -584,3 +584,123 @@ func TestAdoptionTopicRules(t *testing.T) {
 		t.Errorf("Router.Run with topic orders/placed: %v, want ErrInvalidKey naming the topic", err)
 	}
 }
+
+// A named consumer group registers when it subscribes, which for a router
+// is Router.Run: what was published before reaches only the groups
+// registered then (or the default group ""), unlike watermill-sql, whose
+// new consumer group reads from the start of the topic. SubscribeInitialize
+// run before publishing (at deployment) keeps them for the group.
+func TestAdoptionGroupSeesOnlyWhatFollowsItsRegistration(t *testing.T) {
+	store := testdb.New(t, "sqlite").Store(t)
+	early := watermill.NewUUID()
+	publishAutoCommit(t, store, "orders", message.NewMessage(early, []byte("{}")))
+	initialized := newSubscriber(t, store, outbox.SubscriberConfig{ConsumerGroup: "shipping"})
+	if err := initialized.SubscribeInitialize("orders"); err != nil {
+		t.Fatal(err)
+	}
+	kept := watermill.NewUUID()
+	publishAutoCommit(t, store, "orders", message.NewMessage(kept, []byte("{}")))
+
+	got := map[string][]string{}
+	var mu sync.Mutex
+	r := newRouter(t, nil)
+	for _, group := range []string{"billing", "shipping"} {
+		sub := initialized
+		if group == "billing" {
+			sub = newSubscriber(t, store, outbox.SubscriberConfig{ConsumerGroup: group})
+		}
+		r.AddConsumerHandler(group, "orders", sub, func(msg *message.Message) error {
+			mu.Lock()
+			got[group] = append(got[group], msg.UUID)
+			mu.Unlock()
+			return nil
+		})
+	}
+	runRouter(t, r)
+	late := watermill.NewUUID()
+	publishAutoCommit(t, store, "orders", message.NewMessage(late, []byte("{}")))
+	waitFor(t, "billing to get the late event", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got["billing"]) > 0 && len(got["shipping"]) > 1
+	})
+	time.Sleep(200 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	if b := strings.Join(got["billing"], ","); b != late {
+		t.Errorf("billing (registered by Router.Run) got %s, want only the event published after", b)
+	}
+	if s := strings.Join(got["shipping"], ","); s != kept+","+late {
+		t.Errorf("shipping (SubscribeInitialize first) got %s, want the two events published after it", s)
+	}
+	// The first event went to the default group, where nobody took it.
+	if rec := findOne(t, store, "orders", early); rec.Group != "" || rec.Status != outbox.StatusPending {
+		t.Errorf("the early event: group %q, %s; want pending in the default group", rec.Group, rec.Status)
+	}
+}
+
+// A handler that outlasts the Subscriber's CloseTimeout when the router
+// closes: its message context is cancelled then, its late Ack counts for
+// nothing, and the event is delivered again after its lease, not lost;
+// nothing is logged at error level.
+func TestAdoptionHandlerOutlastingCloseTimeoutIsDeliveredAgain(t *testing.T) {
+	forAdoptionDialects(t, func(t *testing.T, db *testdb.Database, store *outbox.Store) {
+		logs := watermill.NewCaptureLogger()
+		sub := newSubscriber(t, store, outbox.SubscriberConfig{ConsumerGroup: "billing", Lease: time.Second,
+			CloseTimeout: 200 * time.Millisecond, Logger: logs})
+		r := newRouter(t, logs)
+		started := make(chan struct{}, 1)
+		cancelled := make(chan bool, 1)
+		r.AddConsumerHandler("charge", "orders", sub, func(msg *message.Message) error {
+			started <- struct{}{}
+			select {
+			case <-msg.Context().Done():
+				cancelled <- true
+			case <-time.After(3 * time.Second):
+				cancelled <- false
+			}
+			return nil
+		})
+		done := make(chan error, 1)
+		go func() { done <- r.Run(context.Background()) }()
+		<-r.Running()
+		uuid := watermill.NewUUID()
+		publishAutoCommit(t, store, "orders", message.NewMessage(uuid, []byte("{}")))
+		select {
+		case <-started:
+		case <-time.After(10 * time.Second):
+			t.Fatal("not handled")
+		}
+		closed := time.Now()
+		if err := r.Close(); err != nil {
+			t.Errorf("Router.Close: %v", err)
+		}
+		<-done
+		if !<-cancelled {
+			t.Error("the message context was not cancelled at the Subscriber's CloseTimeout")
+		}
+		if d := time.Since(closed); d > 2*time.Second {
+			t.Errorf("Close took %s", d)
+		}
+		if errs := logs.Captured()[watermill.ErrorLogLevel]; len(errs) > 0 {
+			t.Errorf("Close logged errors: %+v", errs)
+		}
+		if rec := findOne(t, store, "orders", uuid); rec.Status == outbox.StatusDelivered {
+			t.Fatal("acknowledged after the close timeout")
+		}
+		again := newSubscriber(t, store, outbox.SubscriberConfig{ConsumerGroup: "billing"})
+		ch, err := again.Subscribe(context.Background(), "orders")
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case m := <-ch:
+			if m.UUID != uuid || m.Metadata.Get(outbox.MetadataAttempt) != "2" {
+				t.Errorf("redelivered %s attempt %s", m.UUID, m.Metadata.Get(outbox.MetadataAttempt))
+			}
+			m.Ack()
+		case <-time.After(5 * time.Second):
+			t.Fatal("the event was not delivered again after its lease")
+		}
+	})
+}
