@@ -89,18 +89,8 @@ func scrubURL(text, servers string) string {
 // it reconnects forever, so a relay rides out broker restarts. opts come
 // after the relay's own and override them. No error shows a credential.
 func Connect(servers string, opts ...nats.Option) (*nats.Conn, error) {
-	urls := serverURLs(servers)
-	for i, p := range urls {
-		// Checked here because nats.go's own parse error quotes the URL,
-		// which cannot be scrubbed of a credential it cannot parse.
-		if cutUserinfo(p) {
-			return nil, fmt.Errorf("%w: NATS server URL %d of %d has an '@' after its host (percent-encode '/', '?', '#' and '@' in its user name and password)",
-				ErrInvalidConfig, i+1, len(urls))
-		}
-		if _, err := url.Parse(p); err != nil {
-			return nil, fmt.Errorf("%w: NATS server URL %d of %d does not parse (percent-encode reserved characters in its user name and password)",
-				ErrInvalidConfig, i+1, len(urls))
-		}
+	if err := checkServerURLs(servers); err != nil {
+		return nil, err
 	}
 	base := []nats.Option{
 		nats.Name("millpond-relay"),
@@ -113,4 +103,23 @@ func Connect(servers string, opts ...nats.Option) (*nats.Conn, error) {
 		return nil, fmt.Errorf("%w: %s: %s", ErrUnreachable, RedactURL(servers), scrubURL(err.Error(), servers))
 	}
 	return nc, nil
+}
+
+// checkServerURLs refuses, with ErrInvalidConfig and naming only which URL
+// of the list, a server URL that does not parse or has an '@' after its
+// host. Checked before nats.go sees the URLs because its own parse error
+// quotes the URL, which cannot be scrubbed of a credential it cannot parse.
+func checkServerURLs(servers string) error {
+	urls := serverURLs(servers)
+	for i, p := range urls {
+		if cutUserinfo(p) {
+			return fmt.Errorf("%w: NATS server URL %d of %d has an '@' after its host (percent-encode '/', '?', '#' and '@' in its user name and password)",
+				ErrInvalidConfig, i+1, len(urls))
+		}
+		if _, err := url.Parse(p); err != nil {
+			return fmt.Errorf("%w: NATS server URL %d of %d does not parse (percent-encode reserved characters in its user name and password)",
+				ErrInvalidConfig, i+1, len(urls))
+		}
+	}
+	return nil
 }

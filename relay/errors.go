@@ -8,7 +8,8 @@ import "errors"
 var (
 	// ErrInvalidConfig reports a configuration value out of its bounds: no
 	// stream, a bad consumer group, window, lease, retry delay or timeout,
-	// or a NATS server URL that does not parse (Connect).
+	// or a NATS server URL that does not parse (Connect,
+	// NewDeferredJetStream) or is missing (NewDeferredJetStream).
 	ErrInvalidConfig = errors.New("relay: invalid configuration")
 	// ErrInvalidSubjectTemplate reports a subject template or prefix that
 	// cannot make valid NATS subjects, or a template that strict mode
@@ -17,6 +18,12 @@ var (
 	// ErrUnreachable reports a NATS server that could not be reached, or a
 	// connection that is not connected when the relay starts.
 	ErrUnreachable = errors.New("relay: NATS server unreachable")
+	// ErrNotOpened reports a relay of NewDeferredJetStream run before
+	// its Open succeeded.
+	ErrNotOpened = errors.New("relay: the relay is not open (call Open first)")
+	// ErrClosed reports a relay of NewDeferredJetStream opened or run
+	// after its Close.
+	ErrClosed = errors.New("relay: the relay is closed")
 	// ErrNoJetStream reports a NATS server (or account) without JetStream.
 	ErrNoJetStream = errors.New("relay: JetStream not available")
 	// ErrStreamNotFound reports that the JetStream stream named in the

@@ -76,8 +76,12 @@ func (c *JetStreamConfig) setJetStreamDefaults() {
 }
 
 // JetStream relays outbox events to a NATS JetStream stream. Create it with
-// NewJetStream and run it with Run.
+// NewJetStream (or NewDeferredJetStream and Open) and run it with Run.
 type JetStream struct {
+	// deferred is how a relay of NewDeferredJetStream connects, and what
+	// it opened; nil for NewJetStream's.
+	deferred *deferredConn
+
 	cfg    JetStreamConfig
 	js     jetstream.JetStream
 	stream jetstream.Stream
@@ -125,10 +129,29 @@ const lastCacheSize = 1 << 16
 // ErrUnreachable (nc is not connected), ErrNoJetStream, ErrStreamNotFound,
 // ErrSubjectNotCaptured or ErrDuplicateWindowTooShort. The relay owns
 // nothing: closing nc and the store is the caller's job, after Run returned.
+// (NewDeferredJetStream makes a relay that connects when it is opened, and
+// owns that connection.)
 func NewJetStream(ctx context.Context, store *outbox.Store, nc *nats.Conn, cfg JetStreamConfig) (*JetStream, error) {
 	if store == nil || nc == nil {
 		return nil, fmt.Errorf("%w: nil store or NATS connection", ErrInvalidConfig)
 	}
+	r, err := newJetStream(store, cfg)
+	if err != nil {
+		return nil, err
+	}
+	js, stream, err := r.connectStream(ctx, nc)
+	if err != nil {
+		return nil, err
+	}
+	r.js, r.stream = js, stream
+	r.cfg.Stream, r.window = streamInfo(stream)
+	return r, nil
+}
+
+// newJetStream checks what can be checked without the server (the
+// configuration, the subject template) and returns a relay that has no
+// JetStream context yet.
+func newJetStream(store *outbox.Store, cfg JetStreamConfig) (*JetStream, error) {
 	cfg.setJetStreamDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -161,25 +184,10 @@ func NewJetStream(ctx context.Context, store *outbox.Store, nc *nats.Conn, cfg J
 			return nil, fmt.Errorf("%w: strict mode needs the dead-letter policy hold (a skipped event requeued later would be published after its successors)", ErrInvalidConfig)
 		}
 	}
-	if !nc.IsConnected() {
-		return nil, fmt.Errorf("%w: the connection is %s", ErrUnreachable, strings.ToLower(nc.Status().String()))
-	}
 	r := &JetStream{cfg: cfg, tmpl: tmpl, last: map[string]uint64{}, unconfirmed: map[*nats.Msg]unconfirmedPub{},
 		subjects: map[streamKind]string{}}
-	// The outcomes of asynchronous publishes come to the handlers, on the
-	// client's goroutines: no goroutine of the relay wakes up for each.
-	js, err := jetstream.New(nc,
-		jetstream.WithPublishAsyncMaxPending(cfg.Window*len(cfg.Streams)+16),
-		jetstream.WithPublishAsyncTimeout(cfg.PublishTimeout),
-		jetstream.WithPublishAsyncAckHandler(r.onPubAck),
-		jetstream.WithPublishAsyncErrHandler(r.onPubErr))
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrNoJetStream, err)
-	}
-	r.js = js
-	if err := r.checkStream(ctx); err != nil {
-		return nil, err
-	}
+	// The runner reads the stream's name once Run started, after the
+	// relay was opened (NewJetStream, Open): no lock.
 	r.run, err = newRunner(store, cfg.Config, &r.stats, func(string) string { return r.cfg.Stream }, r.send)
 	if err != nil {
 		return nil, err
@@ -187,63 +195,106 @@ func NewJetStream(ctx context.Context, store *outbox.Store, nc *nats.Conn, cfg J
 	return r, nil
 }
 
+// connectStream makes the relay's JetStream context on nc and checks the
+// stream against the server (checkStream). It writes nothing into r.
+func (r *JetStream) connectStream(ctx context.Context, nc *nats.Conn) (jetstream.JetStream, jetstream.Stream, error) {
+	if !nc.IsConnected() {
+		return nil, nil, fmt.Errorf("%w: the connection is %s", ErrUnreachable, strings.ToLower(nc.Status().String()))
+	}
+	// The outcomes of asynchronous publishes come to the handlers, on the
+	// client's goroutines: no goroutine of the relay wakes up for each.
+	js, err := jetstream.New(nc,
+		jetstream.WithPublishAsyncMaxPending(r.cfg.Window*len(r.cfg.Streams)+16),
+		jetstream.WithPublishAsyncTimeout(r.cfg.PublishTimeout),
+		jetstream.WithPublishAsyncAckHandler(r.onPubAck),
+		jetstream.WithPublishAsyncErrHandler(r.onPubErr))
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", ErrNoJetStream, err)
+	}
+	stream, err := r.checkStream(ctx, js)
+	if err != nil {
+		return nil, nil, err
+	}
+	return js, stream, nil
+}
+
+// streamInfo is the name and the duplicate window of a stream checkStream
+// returned.
+func streamInfo(s jetstream.Stream) (string, time.Duration) {
+	c := s.CachedInfo().Config
+	return c.Name, c.Duplicates
+}
+
 // checkStream finds the stream, checks that it captures every stream's
 // subjects and, outside strict mode, that its duplicate window is long
-// enough.
-func (r *JetStream) checkStream(ctx context.Context) error {
+// enough, and returns it. It writes nothing into r.
+func (r *JetStream) checkStream(ctx context.Context, js jetstream.JetStream) (jetstream.Stream, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := r.js.AccountInfo(ctx); err != nil {
-		return fmt.Errorf("%w: %w", ErrNoJetStream, err)
+	if _, err := js.AccountInfo(ctx); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNoJetStream, err)
 	}
 	name := r.cfg.Stream
 	for _, s := range r.cfg.Streams {
 		probe := r.tmpl.subject(s, "probe", "probe", "probe")
-		found, err := r.js.StreamNameBySubject(ctx, probe)
+		found, err := js.StreamNameBySubject(ctx, probe)
 		switch {
 		case errors.Is(err, jetstream.ErrStreamNotFound) && name == "":
-			return fmt.Errorf("%w: no JetStream stream captures the subjects of template %q (such as %q); create one", ErrStreamNotFound, r.cfg.SubjectTemplate, r.tmpl.subject("<stream>", "<kind>", "<key>", "<ordering-key>"))
+			return nil, fmt.Errorf("%w: no JetStream stream captures the subjects of template %q (such as %q); create one", ErrStreamNotFound, r.cfg.SubjectTemplate, r.tmpl.subject("<stream>", "<kind>", "<key>", "<ordering-key>"))
 		case errors.Is(err, jetstream.ErrStreamNotFound):
 			found = ""
 		case err != nil:
-			return fmt.Errorf("relay: look up the JetStream stream: %w", err)
+			return nil, fmt.Errorf("relay: look up the JetStream stream: %w", err)
 		}
 		if name == "" {
 			name = found
 		}
 		if found != name {
-			if _, err := r.js.Stream(ctx, name); errors.Is(err, jetstream.ErrStreamNotFound) {
-				return fmt.Errorf("%w: %q does not exist", ErrStreamNotFound, name)
+			if _, err := js.Stream(ctx, name); errors.Is(err, jetstream.ErrStreamNotFound) {
+				return nil, fmt.Errorf("%w: %q does not exist", ErrStreamNotFound, name)
 			}
-			return fmt.Errorf("%w: subjects of template %q go to stream %q, not %q", ErrSubjectNotCaptured, r.cfg.SubjectTemplate, found, name)
+			return nil, fmt.Errorf("%w: subjects of template %q go to stream %q, not %q", ErrSubjectNotCaptured, r.cfg.SubjectTemplate, found, name)
 		}
 	}
-	stream, err := r.js.Stream(ctx, name)
+	stream, err := js.Stream(ctx, name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return fmt.Errorf("%w: %q does not exist", ErrStreamNotFound, name)
+		return nil, fmt.Errorf("%w: %q does not exist", ErrStreamNotFound, name)
 	}
 	if err != nil {
-		return fmt.Errorf("relay: read JetStream stream %q: %w", name, err)
+		return nil, fmt.Errorf("relay: read JetStream stream %q: %w", name, err)
 	}
-	r.stream = stream
-	r.cfg.Stream = name
-	r.window = stream.CachedInfo().Config.Duplicates
-	if need := r.cfg.RequiredDuplicateWindow(); !r.cfg.Strict && r.window < need {
+	window := stream.CachedInfo().Config.Duplicates
+	if need := r.cfg.RequiredDuplicateWindow(); !r.cfg.Strict && window < need {
 		hold, what := r.cfg.Lease, "lease"
 		if !r.cfg.UseLeases {
 			hold, what = r.cfg.heldIdle(), "held batch's limit: the longer of the lease and four publish timeouts"
 		}
-		return fmt.Errorf("%w: stream %q drops repeated message ids for %s, the relay needs at least %s (%s %s + longest retry delay %s + publish timeout %s): raise the stream's Duplicates, shorten those, or use strict mode",
-			ErrDuplicateWindowTooShort, name, r.window, need, what, hold, r.cfg.MaxBackoff, r.cfg.PublishTimeout)
+		return nil, fmt.Errorf("%w: stream %q drops repeated message ids for %s, the relay needs at least %s (%s %s + longest retry delay %s + publish timeout %s): raise the stream's Duplicates, shorten those, or use strict mode",
+			ErrDuplicateWindowTooShort, name, window, need, what, hold, r.cfg.MaxBackoff, r.cfg.PublishTimeout)
 	}
-	return nil
+	return stream, nil
 }
 
-// StreamName is the JetStream stream the relay publishes to.
-func (r *JetStream) StreamName() string { return r.cfg.Stream }
+// StreamName is the JetStream stream the relay publishes to. Before a
+// relay of NewDeferredJetStream opened it is the configured
+// JetStreamConfig.Stream (empty when the stream is found by subject).
+func (r *JetStream) StreamName() string {
+	if d := r.deferred; d != nil {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+	}
+	return r.cfg.Stream
+}
 
-// DuplicateWindow is the stream's duplicate window, read at start.
-func (r *JetStream) DuplicateWindow() time.Duration { return r.window }
+// DuplicateWindow is the stream's duplicate window, read at start (by
+// NewJetStream, or Open); 0 before a relay of NewDeferredJetStream opened.
+func (r *JetStream) DuplicateWindow() time.Duration {
+	if d := r.deferred; d != nil {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+	}
+	return r.window
+}
 
 // Stats counts what the relay did since it started.
 func (r *JetStream) Stats() Stats { return r.stats.snapshot() }
@@ -251,14 +302,20 @@ func (r *JetStream) Stats() Stats { return r.stats.snapshot() }
 // RegisterGroups checks the schema and registers the relay's consumer
 // group for every stream, as Run does when it starts. Call it before
 // producers start when Run starts in the background: events enqueued
-// before the group is registered are not relayed.
+// before the group is registered are not relayed. It needs only the
+// store: a relay of NewDeferredJetStream need not be opened.
 func (r *JetStream) RegisterGroups(ctx context.Context) error { return r.run.register(ctx) }
 
 // Run relays until ctx ends, then stops gracefully: no more claims;
 // publishes in flight are confirmed and acknowledged, for at most
 // CloseTimeout (unconfirmed events are retried later, and dropped as
-// duplicates if they had arrived). It may be called once.
+// duplicates if they had arrived). It may be called once. A relay of
+// NewDeferredJetStream must be opened first (ErrNotOpened; ErrClosed
+// after Close).
 func (r *JetStream) Run(ctx context.Context) error {
+	if err := r.checkOpened(); err != nil {
+		return err
+	}
 	r.cfg.Logger.Info("relay started", "jetstream_stream", r.cfg.Stream, "outbox_streams", len(r.cfg.Streams),
 		"group", r.cfg.Group, "strict", r.cfg.Strict, "window", r.cfg.Window, "duplicate_window", r.window.String())
 	err := r.run.run(ctx)

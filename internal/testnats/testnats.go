@@ -140,6 +140,15 @@ func (s *Server) Stop() {
 	}
 }
 
+// NumClients is how many client connections the server holds.
+func (s *Server) NumClients() int {
+	s.t.Helper()
+	if s.srv == nil {
+		s.t.Fatal("embedded NATS is stopped")
+	}
+	return s.srv.NumClients()
+}
+
 // Restart stops and starts the server.
 func (s *Server) Restart() {
 	s.t.Helper()
