@@ -68,14 +68,19 @@ var ErrNoNATSURL = errors.New("fxmodule: RelayConfig.NATSURL is empty; name the 
 //	fxmodule.Module,
 //	fxmodule.RelayModule,
 //
-// It connects to NATS and checks the configuration on construction (a bad
-// one fails fx.New; unlike Module's store, the connection is made there,
-// so an fx.New that fails after it for another reason leaves it open),
-// registers the relay's consumer group in its
-// OnStart hook (before the hooks of constructors invoked after it, which
-// may enqueue at once) and relays from then on, and on OnStop lets the
+// Its constructor checks what needs no server (relay.NewDeferredJetStream):
+// an empty NATSURL (ErrNoNATSURL), a URL that does not parse, a bad
+// configuration or subject template fail fx.New. It connects to nothing
+// and starts no goroutine there, so an fx.New that fails after it for
+// another reason leaves nothing open. Its OnStart hook connects to NATS
+// and checks the stream (relay.JetStream.Open: a server that does not
+// answer, relay.ErrUnreachable, or a missing stream, relay.ErrStreamNotFound,
+// fails app.Start, closing what it opened), registers the relay's consumer
+// group (before the hooks of constructors invoked after it, which may
+// enqueue at once) and relays from then on; its OnStop hook lets the
 // publishes in flight be confirmed before it closes its NATS connection.
-// It provides the *relay.JetStream, for its Stats. Its metrics go to the
+// It provides the *relay.JetStream, for its Stats (its StreamName and
+// DuplicateWindow are known once the app started). Its metrics go to the
 // application's metric.MeterProvider when the graph holds one.
 //
 // Stopping waits for unconfirmed publishes up to JetStream.CloseTimeout
@@ -114,27 +119,28 @@ func newRelay(p relayParams) (*relay.JetStream, error) {
 	if cfg.CloseTimeout == 0 {
 		cfg.CloseTimeout = 8 * time.Second // within fx's default 15 s stop timeout
 	}
-	nc, err := relay.Connect(p.Config.NATSURL)
+	// Nothing connects here: fx runs no hook of an app whose fx.New fails
+	// after this constructor ran, so a connection made here could never
+	// be closed. Open, in OnStart, connects and checks the stream.
+	r, err := relay.NewDeferredJetStream(p.Store, p.Config.NATSURL, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("fxmodule: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	r, err := relay.NewJetStream(ctx, p.Store, nc, cfg)
-	if err != nil {
-		nc.Close()
 		return nil, fmt.Errorf("fxmodule: %w", err)
 	}
 	runCtx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	p.Lifecycle.Append(fx.Hook{
 		OnStart: func(ctx context.Context) error {
+			// fx runs no OnStop of a hook whose OnStart failed: a failing
+			// Open closes what it opened, and a failing RegisterGroups
+			// is followed by Close here.
+			if err := r.Open(ctx); err != nil {
+				return fmt.Errorf("fxmodule: %w", err)
+			}
 			// The group is registered before the hooks that follow start
 			// (an HTTP server taking orders), as the bus's are: an event
-			// enqueued before it would never be relayed. fx runs no
-			// OnStop of a hook whose OnStart failed: close nc here.
+			// enqueued before it would never be relayed.
 			if err := r.RegisterGroups(ctx); err != nil {
-				nc.Close()
+				_ = r.Close()
 				return fmt.Errorf("fxmodule: %w", err)
 			}
 			go func() { done <- r.Run(runCtx) }()
@@ -142,7 +148,7 @@ func newRelay(p relayParams) (*relay.JetStream, error) {
 		},
 		OnStop: func(ctx context.Context) error {
 			stop()
-			defer nc.Close()
+			defer func() { _ = r.Close() }()
 			select {
 			case err := <-done:
 				return err

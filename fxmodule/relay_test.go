@@ -4,8 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"net"
+	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -97,21 +101,217 @@ func TestRelayModule(t *testing.T) {
 	}
 }
 
-func TestRelayModuleRefusesBadConfiguration(t *testing.T) {
-	db := testdb.New(t, "postgres")
-	testnats.Connect(t)
+// TestRelayModuleRefusesAMissingStreamAtStart: the stream is checked
+// against the server when the app starts (fx.New contacts no server), and
+// a missing one fails app.Start, leaving no connection of the relay.
+func TestRelayModuleRefusesAMissingStreamAtStart(t *testing.T) {
+	srv := testnats.Embedded(t)
+	base := srv.NumClients()
 	app := fx.New(
 		fx.NopLogger,
 		fx.Supply(zap.NewNop()),
-		fx.Supply(fxmodule.Config{DatabaseURL: db.URL}),
-		fx.Supply(fxmodule.RelayConfig{NATSURL: testnats.URL(), JetStream: relay.JetStreamConfig{
+		fx.Supply(fxmodule.Config{DatabaseURL: "sqlite:" + filepath.Join(t.TempDir(), "stream.db"), AutoMigrate: true}),
+		fx.Supply(fxmodule.RelayConfig{NATSURL: srv.URL(), JetStream: relay.JetStreamConfig{
 			Config: relay.Config{Streams: []string{"orders"}}, Stream: "NO_SUCH_STREAM_FX"}}),
 		fxmodule.Module,
 		fxmodule.RelayModule,
 	)
-	if err := app.Err(); !errors.Is(err, relay.ErrStreamNotFound) {
-		t.Fatalf("app error %v, want ErrStreamNotFound", err)
+	if err := app.Err(); err != nil {
+		t.Fatalf("fx.New: %v; the stream is checked at start", err)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := app.Start(ctx); !errors.Is(err, relay.ErrStreamNotFound) {
+		if err == nil {
+			_ = app.Stop(ctx)
+		}
+		t.Fatalf("start: %v, want ErrStreamNotFound", err)
+	}
+	natsClientsBecome(t, srv, base, "after the failed start")
+}
+
+// natsClientsBecome waits up to 5 s for the embedded server to hold want
+// client connections and fails the test if it does not.
+func natsClientsBecome(t *testing.T, srv *testnats.Server, want int, when string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for srv.NumClients() != want && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := srv.NumClients(); n != want {
+		t.Fatalf("%s: the NATS server holds %d client connection(s), want %d", when, n, want)
+	}
+}
+
+// goroutinesBackTo waits up to 5 s for the process to run at most
+// baseline goroutines and fails the test, with their stacks, if it does
+// not.
+func goroutinesBackTo(t *testing.T, baseline int, when string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > baseline && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > baseline {
+		buf := make([]byte, 1<<16)
+		t.Errorf("%s: %d goroutine(s) before, %d 5 s after:\n%s", when, baseline, n, buf[:runtime.Stack(buf, true)])
+	}
+}
+
+// TestFailedAppBuildLeavesNoRelayOpen: fx.New fails for a reason outside
+// the module after RelayModule's constructor ran (another constructor's
+// error, a missing dependency). fx runs no hook of an app that failed to
+// build, so a NATS connection made by the constructor (and its
+// goroutines) would stay for good. The relay connects in its OnStart hook
+// instead: the server holds no connection of it and no goroutine is left.
+func TestFailedAppBuildLeavesNoRelayOpen(t *testing.T) {
+	srv := testnats.Embedded(t)
+	_, js := srv.Connect(t)
+	prefix := testnats.UniqueName("fxbuild")
+	// A stream the relay would accept: only the failure outside the
+	// module fails fx.New.
+	testnats.Stream(t, js, strings.ToUpper(prefix), 2*time.Minute, prefix+".>")
+	type missing interface{ Missing() }
+	for _, c := range []struct {
+		name string
+		opts []fx.Option
+	}{
+		{"another constructor fails", []fx.Option{fx.Invoke(func(*relay.JetStream) error {
+			return errors.New("payments: no API key configured")
+		})}},
+		{"a dependency is missing", []fx.Option{fx.Invoke(func(*relay.JetStream, missing) {})}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			base := srv.NumClients()
+			runtime.GC()
+			baseline := runtime.NumGoroutine()
+			var built atomic.Bool
+			opts := append([]fx.Option{fx.Supply(zap.NewNop()), fx.NopLogger,
+				fx.Supply(fxmodule.Config{DatabaseURL: "sqlite:" + filepath.Join(t.TempDir(), "build.db"), AutoMigrate: true}),
+				fx.Supply(fxmodule.RelayConfig{NATSURL: srv.URL(), JetStream: relay.JetStreamConfig{
+					Config: relay.Config{Streams: []string{"orders"}}, SubjectPrefix: prefix}}),
+				fxmodule.Module, fxmodule.RelayModule,
+				// The module's own invoke runs first: the relay is built
+				// before the application's invokes fail.
+				fx.Invoke(func(*relay.JetStream) { built.Store(true) })}, c.opts...)
+			a := fx.New(opts...)
+			if err := a.Err(); err == nil {
+				t.Fatal("fx.New succeeded; the test needs it to fail")
+			} else {
+				t.Logf("fx.New failed as intended: %v", err)
+			}
+			if !built.Load() {
+				t.Fatal("the relay was never built; the test needs fx.New to fail after it")
+			}
+			goroutinesBackTo(t, baseline, "fx.New failed")
+			natsClientsBecome(t, srv, base, "5 s after fx.New failed")
+		})
+	}
+}
+
+// countingListener accepts TCP connections on a loopback port and counts
+// them, answering nothing.
+func countingListener(t *testing.T) (addr string, accepted *atomic.Int64) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted = new(atomic.Int64)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() { ln.Close() })
+	return ln.Addr().String(), accepted
+}
+
+// TestRelayModuleRefusesBadConfiguration: what needs no server to be
+// refused still fails fx.New, and no server is contacted for it.
+func TestRelayModuleRefusesBadConfiguration(t *testing.T) {
+	addr, accepted := countingListener(t)
+	const secret = "Pw-s3cret"
+	good := relay.JetStreamConfig{Config: relay.Config{Streams: []string{"orders"}}}
+	for _, c := range []struct {
+		name string
+		cfg  fxmodule.RelayConfig
+		want error
+	}{
+		{"no NATS URL", fxmodule.RelayConfig{NATSURL: " ", JetStream: good}, fxmodule.ErrNoNATSURL},
+		{"bad subject template", fxmodule.RelayConfig{NATSURL: "nats://" + addr, JetStream: relay.JetStreamConfig{
+			Config: good.Config, SubjectTemplate: "{prefix}.{nope}"}}, relay.ErrInvalidSubjectTemplate},
+		{"no outbox stream", fxmodule.RelayConfig{NATSURL: "nats://" + addr}, relay.ErrInvalidConfig},
+		{"unencoded '/' in the password", fxmodule.RelayConfig{NATSURL: "nats://alice:12/" + secret + "@" + addr, JetStream: good}, relay.ErrInvalidConfig},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			app := fx.New(
+				fx.NopLogger,
+				fx.Supply(zap.NewNop()),
+				fx.Supply(fxmodule.Config{DatabaseURL: "sqlite:" + filepath.Join(t.TempDir(), "bad.db")}),
+				fx.Supply(c.cfg),
+				fxmodule.Module,
+				fxmodule.RelayModule,
+			)
+			err := app.Err()
+			if !errors.Is(err, c.want) {
+				t.Fatalf("fx.New: %v, want %v", err, c.want)
+			}
+			if strings.Contains(err.Error(), secret) {
+				t.Errorf("fx.New's error %q shows the password", err)
+			}
+			if n := accepted.Load(); n != 0 {
+				t.Errorf("%d connection(s) to the NATS address for a configuration refused without it", n)
+			}
+		})
+	}
+}
+
+// TestRelayModuleUnreachableNATSFailsStart: a NATS server that does not
+// answer fails app.Start (not fx.New) with relay.ErrUnreachable, without
+// the URL's password, and leaves no goroutine behind: the store the start
+// opened is closed again.
+func TestRelayModuleUnreachableNATSFailsStart(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there
+	const secret = "Pw-s3cret"
+	runtime.GC()
+	baseline := runtime.NumGoroutine()
+	app := fx.New(
+		fx.NopLogger,
+		fx.Supply(zap.NewNop()),
+		fx.Supply(fxmodule.Config{DatabaseURL: "sqlite:" + filepath.Join(t.TempDir(), "unreachable.db"), AutoMigrate: true}),
+		fx.Supply(fxmodule.RelayConfig{NATSURL: "nats://alice:" + secret + "@" + addr, JetStream: relay.JetStreamConfig{
+			Config: relay.Config{Streams: []string{"orders"}}}}),
+		fxmodule.Module,
+		fxmodule.RelayModule,
+	)
+	if err := app.Err(); err != nil {
+		t.Fatalf("fx.New: %v; the server is contacted at start", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = app.Start(ctx)
+	if !errors.Is(err, relay.ErrUnreachable) {
+		if err == nil {
+			_ = app.Stop(ctx)
+		}
+		t.Fatalf("start: %v, want ErrUnreachable", err)
+	}
+	t.Logf("start failed as intended: %v", err)
+	if strings.Contains(err.Error(), secret) || strings.Contains(err.Error(), "alice") {
+		t.Errorf("start's error %q shows the credentials", err)
+	}
+	goroutinesBackTo(t, baseline, "app.Start failed")
 }
 
 // TestRelayModuleRegistersItsGroupBeforeLaterHooksStart: the hooks of
