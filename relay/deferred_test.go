@@ -27,6 +27,14 @@ func clientsBecome(t *testing.T, srv *testnats.Server, want int, when string) {
 	}
 }
 
+// runBriefly runs r for at most 3 s: a Run that should fail at once and
+// runs instead ends the test's wait.
+func runBriefly(r *relay.JetStream) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	return r.Run(ctx)
+}
+
 // closedPort is a loopback address where nothing listens.
 func closedPort(t *testing.T) string {
 	t.Helper()
@@ -70,7 +78,7 @@ func TestDeferredJetStream(t *testing.T) {
 	if got := r.DuplicateWindow(); got != 0 {
 		t.Errorf("DuplicateWindow before Open = %s, want 0", got)
 	}
-	if err := r.Run(ctx); !errors.Is(err, relay.ErrNotOpened) {
+	if err := runBriefly(r); !errors.Is(err, relay.ErrNotOpened) {
 		t.Fatalf("Run before Open: %v, want ErrNotOpened", err)
 	}
 	// It needs only the store (and an event enqueued before the group is
@@ -108,7 +116,7 @@ func TestDeferredJetStream(t *testing.T) {
 	if err := r.Open(ctx); !errors.Is(err, relay.ErrClosed) {
 		t.Errorf("Open after Close: %v, want ErrClosed", err)
 	}
-	if err := r.Run(ctx); !errors.Is(err, relay.ErrClosed) {
+	if err := runBriefly(r); !errors.Is(err, relay.ErrClosed) {
 		t.Errorf("Run after Close: %v, want ErrClosed", err)
 	}
 	clientsBecome(t, srv, base, "after Open following Close")
@@ -135,7 +143,7 @@ func TestDeferredJetStreamOpenFailsAndRetries(t *testing.T) {
 		t.Fatalf("Open without a stream: %v, want ErrStreamNotFound", err)
 	}
 	clientsBecome(t, srv, base, "after a failed Open")
-	if err := r.Run(ctx); !errors.Is(err, relay.ErrNotOpened) {
+	if err := runBriefly(r); !errors.Is(err, relay.ErrNotOpened) {
 		t.Errorf("Run after a failed Open: %v, want ErrNotOpened", err)
 	}
 	testnats.Stream(t, js, strings.ToUpper(prefix), 2*time.Minute, prefix+".>")
@@ -210,7 +218,8 @@ func TestDeferredJetStreamChecksWithoutServer(t *testing.T) {
 		t.Errorf("Open, nothing listening: %v, want ErrUnreachable", err)
 	}
 	noCredentials("Open, nothing listening", err)
-	if err := r.Run(context.Background()); !errors.Is(err, relay.ErrNotOpened) {
+	err = runBriefly(r)
+	if !errors.Is(err, relay.ErrNotOpened) {
 		t.Errorf("Run after a failed Open: %v, want ErrNotOpened", err)
 	}
 	noCredentials("Run", err)
