@@ -47,7 +47,8 @@ type Health struct {
 
 // HealthOptions configures Health and ReadinessHandler.
 type HealthOptions struct {
-	// PingTimeout bounds the database ping (default 2 s).
+	// PingTimeout bounds the database ping, and the Stats query when the
+	// cached snapshot is stale (default 2 s each).
 	PingTimeout time.Duration
 	// RequireListener makes a disconnected PostgreSQL listener a reason
 	// to be not ready. By default it is only reported: subscribers keep
@@ -137,7 +138,10 @@ func (b *Bus) Health(ctx context.Context, opts HealthOptions) Health {
 	if h.SubscribersFailing > 0 && grace > 0 {
 		fail("the claims of a subscriber keep failing")
 	}
-	if stats, at, err := b.store.CachedStats(ctx); err == nil {
+	sctx, cancel := context.WithTimeout(ctx, timeout)
+	stats, at, err := b.store.CachedStats(sctx)
+	cancel()
+	if err == nil {
 		at = at.UTC()
 		h.StatsAt = &at
 		served := map[[2]string]bool{}

@@ -100,11 +100,24 @@ func (s *Store) noteGroup(stream, group string) {
 	}
 }
 
+// statsCollectTimeout bounds the Stats query of a metrics collection whose
+// context has no deadline.
+const statsCollectTimeout = 5 * time.Second
+
 // observeStats is the callback of every backlog gauge: one cached snapshot
 // feeds them all. A (stream, group) reported once, or consumed by a
 // Subscriber of this store, is reported as zeros while it has no
 // undelivered events, so its series go to 0 rather than vanish.
 func (s *Store) observeStats(ctx context.Context, o metric.Observer) error {
+	if _, ok := ctx.Deadline(); !ok {
+		// The Prometheus exporter collects with a context that never
+		// ends: on a database that hangs, the query would hold the
+		// collection of every metric of the process, and the stats cache,
+		// for as long as the kernel keeps the connection.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, statsCollectTimeout)
+		defer cancel()
+	}
 	stats, _, err := s.CachedStats(ctx)
 	if err != nil {
 		return err

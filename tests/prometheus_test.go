@@ -257,3 +257,94 @@ func gaugeValue(mfs map[string]*dto.MetricFamily, name, group string) float64 {
 	}
 	return -1
 }
+
+// A database that hangs (the network drops its packets; nothing is
+// refused) must not hang the scrape: the Prometheus exporter collects with
+// a context that has no deadline, and the Stats query behind the gauges
+// would wait on the frozen connection for as long as the kernel keeps it,
+// holding the SDK's collection (every other metric of the process with
+// it) and the stats cache, so that the readiness probe hung too. The
+// gauges' query is bounded when the collection's context has no deadline,
+// and the readiness report's by HealthOptions.PingTimeout.
+func TestScrapeAndReadinessWhileTheDatabaseHangs(t *testing.T) {
+	db := testdb.New(t, "postgres")
+	ctx := context.Background()
+	reg := prometheus.NewRegistry()
+	exp, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
+	defer func() { _ = mp.Shutdown(ctx) }()
+	u, err := url.Parse(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newFreezeProxy(t, u.Host)
+	store, err := anydb.Open(ctx, proxy.via(t, db.URL), outbox.WithMeterProvider(mp), outbox.WithStatsInterval(50*time.Millisecond), outbox.WithoutListen())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { proxy.unfreeze(); _ = store.Close() }()
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h := handlers.New("hang-h", "hang", "K", func(context.Context, telOrder, handlers.Meta) error { return nil })
+	b, err := bus.New(store, bus.Config{Subscriber: outbox.SubscriberConfig{PollInterval: 20 * time.Millisecond}}, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.RegisterGroups(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tx, commit, _ := db.Begin(t)
+	if _, err := store.Enqueue(ctx, tx, outbox.Event{Stream: "hang", Key: "k", Kind: "K", Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := commit(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := gather(t, reg)["millpond_backlog"]; !ok {
+		t.Fatal("no backlog gauge before the freeze")
+	}
+	time.Sleep(100 * time.Millisecond) // the snapshot is stale
+	proxy.freeze()
+
+	scraped := make(chan map[string]*dto.MetricFamily, 1)
+	start := time.Now()
+	go func() { scraped <- gather(t, reg) }()
+	select {
+	case mfs := <-scraped:
+		if _, ok := mfs["millpond_backlog"]; ok {
+			t.Error("the backlog gauge is in the scrape while the database hangs")
+		}
+		if _, ok := mfs["millpond_stats_duration_seconds"]; !ok {
+			t.Error("the scrape lost the other metrics")
+		}
+		t.Logf("scrape answered after %v", time.Since(start).Round(time.Millisecond))
+	case <-time.After(15 * time.Second):
+		t.Fatal("the scrape still hangs after 15 s with the database frozen")
+	}
+
+	type result struct {
+		code int
+		rep  bus.Health
+	}
+	ready := make(chan result, 1)
+	start = time.Now()
+	go func() {
+		code, rep, _ := readyz(t, b.ReadinessHandler(bus.HealthOptions{PingTimeout: 500 * time.Millisecond}))
+		ready <- result{code, rep}
+	}()
+	select {
+	case r := <-ready:
+		if r.code != http.StatusServiceUnavailable || r.rep.Database != "unreachable" {
+			t.Errorf("readiness while the database hangs: %d %+v", r.code, r.rep)
+		}
+		if d := time.Since(start); d > 3*time.Second {
+			t.Errorf("readiness took %v with a ping timeout of 500ms", d)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the readiness probe still hangs after 15 s with the database frozen")
+	}
+}
