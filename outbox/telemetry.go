@@ -93,7 +93,9 @@ func WithPropagator(p propagation.TextMapPropagator) Option {
 // query per interval, and that one query feeds every gauge. A negative
 // interval turns the gauges off (use it on every store but one when
 // several stores of a process share a database, or the gauges repeat);
-// CachedStats then queries every time.
+// CachedStats then queries every time. A metrics collection whose context
+// has no deadline (the Prometheus exporter's) bounds the query at 5 s; while
+// it fails, the gauges are absent from the collection.
 func WithStatsInterval(d time.Duration) Option {
 	return func(o *storeOptions) { o.statsInterval = d }
 }
