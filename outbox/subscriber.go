@@ -261,10 +261,13 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 // store), registers the consumer group for the topic and returns the
 // channel of its messages. The channel closes when ctx ends or Close is
 // called, after messages already handed out are settled (see CloseTimeout).
+// A Close called while Subscribe still waits for the database ends that
+// wait: Subscribe then fails with ErrClosed.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
 		return nil, ErrClosed
 	}
 	// The topic is the stream: checked here, not only by the registration
@@ -273,13 +276,30 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err := ValidateKey(topicField, topic); err != nil {
 		return nil, fmt.Errorf("outbox: subscribe: %w", err)
 	}
-	if err := s.store.CheckSchema(ctx); err != nil {
-		return nil, fmt.Errorf("outbox: subscribe: %w", err)
+	// The database is read without the Subscriber's lock, and Close ends
+	// the reads: a database that does not answer must not hold up Close
+	// (a Router's Close, say) behind a Subscribe waiting for it.
+	opCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.closing:
+			cancel()
+		case <-opCtx.Done():
+		}
+	}()
+	if err := s.store.CheckSchema(opCtx); err != nil {
+		return nil, s.subscribeErr(err)
 	}
 	if !s.config.SkipRegistration {
-		if err := s.store.RegisterGroup(ctx, topic, s.config.ConsumerGroup, s.config.Kinds...); err != nil {
-			return nil, fmt.Errorf("outbox: subscribe: %w", err)
+		if err := s.store.RegisterGroup(opCtx, topic, s.config.ConsumerGroup, s.config.Kinds...); err != nil {
+			return nil, s.subscribeErr(err)
 		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrClosed
 	}
 	sub := newSubscription(ctx, s, topic)
 	s.activeMu.Lock()
@@ -294,6 +314,17 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		s.activeMu.Unlock()
 	}()
 	return sub.out, nil
+}
+
+// subscribeErr is Subscribe's error for err, ErrClosed when Close ended
+// the read that failed.
+func (s *Subscriber) subscribeErr(err error) error {
+	select {
+	case <-s.closing:
+		return fmt.Errorf("outbox: subscribe: %w (%w)", ErrClosed, err)
+	default:
+		return fmt.Errorf("outbox: subscribe: %w", err)
+	}
 }
 
 // Close stops every subscription: no more claims; events claimed but not

@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"strings"
 	"testing"
@@ -151,4 +152,37 @@ func closeLeasedWhileFrozen(t *testing.T, e *env, store *outbox.Store, proxy *fr
 		t.Fatalf("Close took %s while the database did not answer, want at most %s", took, limit)
 	}
 	return acked
+}
+
+// TestCloseEndsASubscribeWaitingForAFrozenDatabase: a Subscribe whose
+// database does not answer (its schema check waits) must not hold up the
+// Subscriber's Close, which a Router calls on shutdown: Close returns at
+// once, and the Subscribe returns ErrClosed.
+func TestCloseEndsASubscribeWaitingForAFrozenDatabase(t *testing.T) {
+	f := newFrozenEnv(t)
+	sub, err := outbox.NewSubscriber(f.store, outbox.SubscriberConfig{CloseTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.proxy.freeze()
+	subscribed := make(chan error, 1)
+	go func() {
+		_, err := sub.Subscribe(context.Background(), "frozen")
+		subscribed <- err
+	}()
+	// Let Subscribe reach the database and wait there.
+	select {
+	case err := <-subscribed:
+		t.Fatalf("Subscribe returned while the database does not answer: %v", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	within(t, 5*time.Second, "Subscriber.Close while Subscribe waits for the database", func() { _ = sub.Close() })
+	select {
+	case err := <-subscribed:
+		if !errors.Is(err, outbox.ErrClosed) {
+			t.Errorf("Subscribe ended by Close: %v, want ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Subscribe still waits for the database 5 s after Close")
+	}
 }
