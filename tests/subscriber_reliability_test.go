@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -608,7 +609,8 @@ func countDeliveries(msgs <-chan *message.Message, readers, n int, pause time.Du
 	return c
 }
 
-// result is the deliveries by UUID and how many were repeats.
+// result is the deliveries by UUID and how many were repeats. The map is a
+// copy: the readers may still be counting.
 func (c *deliveryCounter) result() (map[string]int, int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -616,5 +618,5 @@ func (c *deliveryCounter) result() (map[string]int, int) {
 	for _, n := range c.seen {
 		duplicates += n - 1
 	}
-	return c.seen, duplicates
+	return maps.Clone(c.seen), duplicates
 }
