@@ -70,26 +70,7 @@ func gather(t *testing.T, reg *prometheus.Registry) map[string]*dto.MetricFamily
 func TestPrometheusScrape(t *testing.T) {
 	db := testdb.New(t, "postgres")
 	ctx := context.Background()
-	reg := prometheus.NewRegistry()
-	exp, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo())
-	if err != nil {
-		t.Fatal(err)
-	}
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
-	defer func() { _ = mp.Shutdown(ctx) }()
-	u, err := url.Parse(db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := newFreezeProxy(t, u.Host)
-	store, err := anydb.Open(ctx, proxy.via(t, db.URL), outbox.WithMeterProvider(mp), outbox.WithStatsInterval(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	reg, proxy, store := scrapedStoreBehindProxy(t, db, outbox.WithStatsInterval(100*time.Millisecond))
 	const stream = "prom.orders"
 	for _, g := range []string{"held", "flaky", "rc"} {
 		if err := store.RegisterGroup(ctx, stream, g); err != nil {
@@ -269,26 +250,7 @@ func gaugeValue(mfs map[string]*dto.MetricFamily, name, group string) float64 {
 func TestScrapeAndReadinessWhileTheDatabaseHangs(t *testing.T) {
 	db := testdb.New(t, "postgres")
 	ctx := context.Background()
-	reg := prometheus.NewRegistry()
-	exp, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo())
-	if err != nil {
-		t.Fatal(err)
-	}
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
-	defer func() { _ = mp.Shutdown(ctx) }()
-	u, err := url.Parse(db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := newFreezeProxy(t, u.Host)
-	store, err := anydb.Open(ctx, proxy.via(t, db.URL), outbox.WithMeterProvider(mp), outbox.WithStatsInterval(50*time.Millisecond), outbox.WithoutListen())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { proxy.unfreeze(); _ = store.Close() }()
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	reg, proxy, store := scrapedStoreBehindProxy(t, db, outbox.WithStatsInterval(50*time.Millisecond), outbox.WithoutListen())
 	h := handlers.New("hang-h", "hang", "K", func(context.Context, telOrder, handlers.Meta) error { return nil })
 	b, err := bus.New(store, bus.Config{Subscriber: outbox.SubscriberConfig{PollInterval: 20 * time.Millisecond}}, h)
 	if err != nil {
@@ -347,4 +309,36 @@ func TestScrapeAndReadinessWhileTheDatabaseHangs(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("the readiness probe still hangs after 15 s with the database frozen")
 	}
+}
+
+// scrapedStoreBehindProxy opens a migrated store over db that reaches it
+// through a freezeProxy (unfrozen at cleanup, before the store closes) and
+// reports its metrics to a Prometheus registry through the OpenTelemetry
+// exporter.
+func scrapedStoreBehindProxy(t *testing.T, db *testdb.Database, opts ...outbox.Option) (*prometheus.Registry, *freezeProxy, *outbox.Store) {
+	t.Helper()
+	ctx := context.Background()
+	reg := prometheus.NewRegistry()
+	exp, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
+	t.Cleanup(func() { _ = mp.Shutdown(ctx) })
+	u, err := url.Parse(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newFreezeProxy(t, u.Host)
+	store, err := anydb.Open(ctx, proxy.via(t, db.URL), append([]outbox.Option{outbox.WithMeterProvider(mp)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Cleanups run last in, first out: the proxy thaws, then the store
+	// closes, then the meter provider shuts down.
+	t.Cleanup(func() { proxy.unfreeze(); _ = store.Close() })
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return reg, proxy, store
 }
