@@ -91,6 +91,16 @@ func publishAutoCommit(t *testing.T, store *outbox.Store, topic string, msgs ...
 	}
 }
 
+// deadLetter waits for the event of key uuid in stream "orders" to be
+// dead-lettered and returns its record.
+func deadLetter(t *testing.T, store *outbox.Store, uuid string) outbox.EventRecord {
+	t.Helper()
+	waitFor(t, "the event to be dead-lettered", func() bool {
+		return findOne(t, store, "orders", uuid).Status == outbox.StatusDead
+	})
+	return findOne(t, store, "orders", uuid)
+}
+
 func findOne(t *testing.T, store *outbox.Store, stream, key string) outbox.EventRecord {
 	t.Helper()
 	rows, err := store.FindEvents(context.Background(), outbox.EventQuery{Stream: stream, Key: key})
@@ -217,10 +227,7 @@ func TestAdoptionNackIsRetriedThenDeadLettered(t *testing.T) {
 		uuid := watermill.NewUUID()
 		publishAutoCommit(t, store, "orders", message.NewMessage(uuid, []byte("{}")))
 
-		waitFor(t, "the event to be dead-lettered", func() bool {
-			return findOne(t, store, "orders", uuid).Status == outbox.StatusDead
-		})
-		rec := findOne(t, store, "orders", uuid)
+		rec := deadLetter(t, store, uuid)
 		mu.Lock()
 		defer mu.Unlock()
 		if got := strings.Join(attempts, ","); got != "1,2,3" {
@@ -246,10 +253,7 @@ func TestAdoptionRecoveredPanicIsTheLastError(t *testing.T) {
 	runRouter(t, r)
 	uuid := watermill.NewUUID()
 	publishAutoCommit(t, store, "orders", message.NewMessage(uuid, []byte("{}")))
-	waitFor(t, "the event to be dead-lettered", func() bool {
-		return findOne(t, store, "orders", uuid).Status == outbox.StatusDead
-	})
-	if e := findOne(t, store, "orders", uuid).LastError; !strings.Contains(e, "card processor exploded") {
+	if e := deadLetter(t, store, uuid).LastError; !strings.Contains(e, "card processor exploded") {
 		t.Errorf("last error %q does not name the panic", e)
 	}
 }
@@ -399,10 +403,7 @@ func TestAdoptionPoisonQueueNeedsATransactionWithAContextPublisher(t *testing.T)
 	runRouter(t, r)
 	uuid := watermill.NewUUID()
 	publishAutoCommit(t, store, "orders", message.NewMessage(uuid, []byte("{}")))
-	waitFor(t, "the event to be dead-lettered", func() bool {
-		return findOne(t, store, "orders", uuid).Status == outbox.StatusDead
-	})
-	if e := findOne(t, store, "orders", uuid).LastError; !strings.Contains(e, "carries no transaction") {
+	if e := deadLetter(t, store, uuid).LastError; !strings.Contains(e, "carries no transaction") {
 		t.Errorf("last error %q does not say the poison publish lacked a transaction", e)
 	}
 }
