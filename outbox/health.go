@@ -43,12 +43,18 @@ func (s *Store) ListenerStatus() (listening, connected bool) {
 }
 
 // statsCache holds the latest Stats snapshot for the gauges, readiness and
-// CachedStats. Its mutex is held while the query runs, so callers that
-// arrive meanwhile wait for that query rather than start their own.
+// CachedStats. Its fill slot is held while the query runs, so callers that
+// arrive meanwhile wait for that query rather than start their own, each
+// for as long as its own context lasts; its mutex is never held across a
+// query (noteGroup, which a Subscribe calls under the Subscriber's lock,
+// takes it).
 type statsCache struct {
 	interval time.Duration // <= 0: no caching
 
-	mu    sync.Mutex
+	fillOnce sync.Once
+	fill     chan struct{} // capacity 1: held by the caller running Stats
+
+	mu    sync.Mutex // guards the fields below
 	at    time.Time
 	stats []StreamStats
 	err   error
@@ -59,7 +65,9 @@ type statsCache struct {
 // when it was read: Stats runs at most once per stats interval (see
 // WithStatsInterval), however many callers ask, and a failed read is
 // returned (and not retried) until the interval passes too, unless it
-// failed because ctx ended: that error goes to this caller only. Each
+// failed because ctx ended: that error goes to this caller only. A caller
+// that arrives while another's read is under way waits for it as long as
+// ctx lasts, then fails with ctx's error. Each
 // caller gets its own copy of the slice, free to sort or change. Use it for
 // dashboards and readiness probes; use Stats for a fresh count.
 func (s *Store) CachedStats(ctx context.Context) ([]StreamStats, time.Time, error) {
@@ -67,11 +75,22 @@ func (s *Store) CachedStats(ctx context.Context) ([]StreamStats, time.Time, erro
 		return nil, time.Time{}, err
 	}
 	c := &s.statsCache
+	c.fillOnce.Do(func() { c.fill = make(chan struct{}, 1) })
+	select {
+	case c.fill <- struct{}{}:
+	case <-ctx.Done():
+		// Another caller's query is under way (a database that does not
+		// answer holds it up to that caller's deadline): this caller
+		// stops waiting when its own context ends.
+		return nil, time.Time{}, fmt.Errorf("outbox: stats: waiting for the query under way: %w", ctx.Err())
+	}
+	defer func() { <-c.fill }()
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.interval > 0 && !c.at.IsZero() && time.Since(c.at) < c.interval {
+		defer c.mu.Unlock()
 		return slices.Clone(c.stats), c.at, c.err
 	}
+	c.mu.Unlock()
 	start := time.Now()
 	stats, err := s.Stats(ctx)
 	s.tel.statsTime.Record(ctx, time.Since(start).Seconds())
@@ -82,6 +101,8 @@ func (s *Store) CachedStats(ctx context.Context) ([]StreamStats, time.Time, erro
 		// interval.
 		return nil, time.Time{}, err
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.at, c.stats, c.err = time.Now(), stats, err
 	return slices.Clone(stats), c.at, err
 }

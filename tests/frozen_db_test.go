@@ -186,3 +186,49 @@ func TestCloseEndsASubscribeWaitingForAFrozenDatabase(t *testing.T) {
 		t.Fatal("Subscribe still waits for the database 5 s after Close")
 	}
 }
+
+// TestStatsQueryOnAFrozenDatabaseHoldsUpNoOne: a CachedStats query waiting
+// for a database that does not answer (a caller without a deadline) holds
+// up neither another CachedStats, which gives up when its own context ends
+// (bus.Health's, bounded by PingTimeout, behind a Prometheus scrape's), nor
+// a Subscribe that needs no database (SkipRegistration, schema checked),
+// which would otherwise wait under the Subscriber's lock and hold up Close.
+func TestStatsQueryOnAFrozenDatabaseHoldsUpNoOne(t *testing.T) {
+	f := newFrozenEnv(t)
+	ctx := context.Background()
+	if err := f.store.CheckSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := outbox.NewSubscriber(f.store, outbox.SubscriberConfig{SkipRegistration: true, CloseTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.proxy.freeze()
+	hung := make(chan struct{})
+	go func() {
+		defer close(hung)
+		_, _, _ = f.store.CachedStats(ctx)
+	}()
+	time.Sleep(300 * time.Millisecond) // the query waits on the frozen database
+	select {
+	case <-hung:
+		t.Fatal("CachedStats returned while the database does not answer")
+	default:
+	}
+
+	within(t, 3*time.Second, "CachedStats with a 300 ms context behind a hung one", func() {
+		sctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		if _, _, err := f.store.CachedStats(sctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("CachedStats behind a hung query: %v, want context.DeadlineExceeded", err)
+		}
+	})
+	within(t, 3*time.Second, "Subscribe (SkipRegistration) while a Stats query hangs", func() {
+		if _, err := sub.Subscribe(ctx, "frozen"); err != nil {
+			t.Errorf("Subscribe: %v", err)
+		}
+	})
+	f.proxy.unfreeze()
+	within(t, 15*time.Second, "Subscriber.Close once the database answers", func() { _ = sub.Close() })
+	<-hung
+}
