@@ -55,7 +55,7 @@ var (
 	ErrMigrationLockTimeout = sqlcore.ErrMigrationLockTimeout
 	// ErrMigrationInProgress is wrapped by Migrate and MigrateDown when
 	// their context ended while they waited for the database's migration
-	// lock: another process (a replica starting at the same time, or
+	// lock (PostgreSQL, MariaDB/MySQL; SQLite has none): another process (a replica starting at the same time, or
 	// millpond migrate) was migrating it. This one changed nothing; the
 	// schema is at whatever version the other migration leaves.
 	ErrMigrationInProgress = sqlcore.ErrMigrationInProgress

@@ -389,9 +389,12 @@ func (s *Store) closeLocked() error {
 //
 // Replicas that start together migrate one at a time: each waits for the
 // database's migration lock (PostgreSQL: an advisory lock; MySQL and
-// MariaDB: a named lock; SQLite: its single writer), and the next one finds
-// the steps applied. One whose context ends during that wait returns an
-// error wrapping ErrMigrationInProgress.
+// MariaDB: a named lock), and the next one finds the steps applied. One
+// whose context ends during that wait returns an error wrapping
+// ErrMigrationInProgress. SQLite has no such lock: a migration waits for
+// the database's single writer, whoever that is, as any write does, and
+// one whose context ends during that wait returns the context's error
+// (ErrMigrationLockTimeout once a wait outlasted the busy timeout).
 func (s *Store) Migrate(ctx context.Context) error {
 	if err := s.ready(ctx); err != nil {
 		return err

@@ -476,3 +476,41 @@ func TestMigrationWaitingForAnotherMigrationSaysSo(t *testing.T) {
 		})
 	}
 }
+
+// TestSQLiteMigrationWaitingForTheWriterGivesTheContextError: SQLite has
+// no migration lock, so a migration whose context ends while another
+// connection holds the database's write lock (whatever it writes) returns
+// the context's error, as the documentation says, not
+// ErrMigrationInProgress, and changed nothing.
+func TestSQLiteMigrationWaitingForTheWriterGivesTheContextError(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.New(t, "sqlite")
+	s := unmigratedStore(t, db)
+	conn, err := s.SQLDB().Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	tx, err := conn.BeginTx(ctx, nil) // BEGIN IMMEDIATE: the write lock
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, "CREATE TABLE other_writer (x INTEGER)"); err != nil {
+		t.Fatal(err)
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+	defer cancel()
+	err = s.Migrate(waitCtx)
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, outbox.ErrMigrationInProgress) {
+		t.Fatalf("Migrate while another connection writes: %v, want the context's error and not ErrMigrationInProgress", err)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CheckSchema(ctx); !errors.Is(err, outbox.ErrSchemaNotInstalled) {
+		t.Errorf("schema after the refused migration: %v, want none installed", err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate once the writer is done: %v", err)
+	}
+}
