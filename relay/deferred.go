@@ -22,7 +22,9 @@ type deferredConn struct {
 	openMu sync.Mutex
 	// mu guards the fields below, and the relay's js, stream, cfg.Stream
 	// and window, which Open sets.
-	mu     sync.Mutex
+	mu sync.Mutex
+	// nc is the connection of an Open that connected (still checking the
+	// stream until opened), which Close closes.
 	nc     *nats.Conn
 	opened bool
 	closed bool
@@ -83,6 +85,8 @@ func (r *JetStream) Open(ctx context.Context) error {
 	opened, closed := d.opened, d.closed
 	d.mu.Unlock()
 	switch {
+	case closed && opened:
+		return ErrClosed
 	case closed:
 		return fmt.Errorf("%w (before it opened)", ErrClosed)
 	case opened:
@@ -95,27 +99,40 @@ func (r *JetStream) Open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	js, stream, err := r.connectStream(ctx, nc)
-	if err != nil {
-		nc.Close()
-		return err
-	}
+	// From here on a Close closes nc, which ends the stream's checks at
+	// once rather than when ctx ends (a server that does not answer
+	// JetStream's API holds them up to 10 s).
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.closed { // Close ran while this connected
+		d.mu.Unlock()
 		nc.Close()
 		return fmt.Errorf("%w (while it opened)", ErrClosed)
 	}
+	d.nc = nc
+	d.mu.Unlock()
+	js, stream, err := r.connectStream(ctx, nc)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed { // Close ran while this checked the stream, and closed nc
+		return fmt.Errorf("%w (while it opened)", ErrClosed)
+	}
+	if err != nil {
+		d.nc = nil
+		nc.Close()
+		return err
+	}
 	r.js, r.stream = js, stream
 	r.cfg.Stream, r.window = streamInfo(stream)
-	d.nc, d.opened = nc, true
+	d.opened = true
 	return nil
 }
 
 // Close closes the NATS connection Open made, for a relay made by
 // NewDeferredJetStream; call it once Run returned (Run waits for the
 // publishes in flight, which need the connection). Before Open it makes
-// the relay unusable: a later Open or Run fails with ErrClosed. It may be
+// the relay unusable: a later Open or Run fails with ErrClosed; an Open
+// under way that has connected is ended (its connection closed) and
+// fails with ErrClosed. It may be
 // called more than once, and always returns nil. It does nothing for a
 // relay made by NewJetStream, whose connection is its caller's.
 func (r *JetStream) Close() error {

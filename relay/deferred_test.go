@@ -1,6 +1,7 @@
 package relay_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"net"
@@ -113,8 +114,8 @@ func TestDeferredJetStream(t *testing.T) {
 	if err := r.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
 	}
-	if err := r.Open(ctx); !errors.Is(err, relay.ErrClosed) {
-		t.Errorf("Open after Close: %v, want ErrClosed", err)
+	if err := r.Open(ctx); !errors.Is(err, relay.ErrClosed) || strings.Contains(err.Error(), "before it opened") {
+		t.Errorf("Open after Open and Close: %v, want ErrClosed (the relay had opened)", err)
 	}
 	if err := runBriefly(r); !errors.Is(err, relay.ErrClosed) {
 		t.Errorf("Run after Close: %v, want ErrClosed", err)
@@ -225,5 +226,100 @@ func TestDeferredJetStreamChecksWithoutServer(t *testing.T) {
 	noCredentials("Run", err)
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// silentNATS is a NATS server that completes the client's handshake and
+// answers its pings but nothing else: JetStream's API requests wait.
+// conns receives each connection it accepts, and requests the subject of
+// every PUB it reads.
+func silentNATS(t *testing.T) (addr string, conns chan net.Conn, requests chan string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	conns, requests = make(chan net.Conn, 16), make(chan string, 64)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { _ = c.Close() })
+			conns <- c
+			go func() {
+				_, _ = c.Write([]byte(`INFO {"server_id":"silent","version":"2.10.0","proto":1,"headers":true,"max_payload":1048576}` + "\r\n"))
+				br := bufio.NewReader(c)
+				for {
+					line, err := br.ReadString('\n')
+					if err != nil {
+						return
+					}
+					switch f := strings.Fields(line); {
+					case len(f) > 0 && f[0] == "PING":
+						_, _ = c.Write([]byte("PONG\r\n"))
+					case len(f) > 1 && (f[0] == "PUB" || f[0] == "HPUB"):
+						select {
+						case requests <- f[1]:
+						default:
+						}
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String(), conns, requests
+}
+
+// TestDeferredJetStreamCloseEndsOpen: a Close while Open checks the
+// stream on a server that does not answer JetStream's API closes Open's
+// connection at once, and Open returns ErrClosed then, not when its
+// checks time out.
+func TestDeferredJetStreamCloseEndsOpen(t *testing.T) {
+	store := testdb.New(t, "sqlite").Store(t)
+	addr, conns, requests := silentNATS(t)
+	r, err := relay.NewDeferredJetStream(store, "nats://"+addr, relay.JetStreamConfig{Config: relay.Config{Streams: []string{"orders"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opened := make(chan error, 1)
+	go func() { opened <- r.Open(context.Background()) }()
+	var conn net.Conn
+	select {
+	case conn = <-conns:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Open did not connect")
+	}
+	select {
+	case subj := <-requests:
+		t.Logf("Open waits for %s", subj)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Open sent no JetStream API request")
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	select {
+	case err := <-opened:
+		if !errors.Is(err, relay.ErrClosed) {
+			t.Errorf("Open ended by Close: %v, want ErrClosed", err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("Open still checks the stream 3 s after Close")
+	}
+	// Close closed Open's connection: the server reads its end.
+	_ = conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+	buf := make([]byte, 512)
+	for {
+		if _, err := conn.Read(buf); err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				t.Errorf("Open's connection is still open after Close (%s)", time.Since(start))
+			}
+			break
+		}
 	}
 }
