@@ -666,6 +666,25 @@ func checkAfterMigration(t *testing.T, ctx context.Context, s *outbox.Store, db 
 	}
 }
 
+// execInOneSession runs stmts in order on one connection of sdb, as a
+// migration tool runs a file: MariaDB/MySQL user variables and prepared
+// statements belong to a session, so a pool could run a PREPARE and its
+// DEALLOCATE on two connections.
+func execInOneSession(t *testing.T, sdb *sql.DB, what string, stmts []string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := sdb.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for _, stmt := range stmts {
+		if _, err := conn.ExecContext(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+}
+
 // mysqlStatements splits a MariaDB migration file into its statements.
 func mysqlStatements(t *testing.T, name string) []string {
 	t.Helper()
@@ -724,11 +743,7 @@ func TestMigration0004ResumesOnMariaDB(t *testing.T) {
 			sdb := s.SQLDB()
 			installVersion3(t, sdb, "mysql")
 			writeVersion3(t, sdb, "mysql", v4Rows())
-			for _, stmt := range through(t, mysqlStatements(t, "0004_shared_events.up.sql"), cut) {
-				if _, err := sdb.Exec(stmt); err != nil {
-					t.Fatalf("partial up: %v", err)
-				}
-			}
+			execInOneSession(t, sdb, "partial up", through(t, mysqlStatements(t, "0004_shared_events.up.sql"), cut))
 			var want []string
 			if cut == "INSERT INTO millpond_deliveries" {
 				// The old table was renamed before the copy: a replica of
@@ -754,23 +769,11 @@ func TestMigration0004ResumesOnMariaDB(t *testing.T) {
 
 			// Down, interrupted after the view is dropped, then run again.
 			down := mysqlStatements(t, "0004_shared_events.down.sql")
-			for _, stmt := range through(t, down, "DROP VIEW millpond_outbox") {
-				if _, err := sdb.Exec(stmt); err != nil {
-					t.Fatalf("partial down: %v", err)
-				}
-			}
-			for _, stmt := range down {
-				if _, err := sdb.Exec(stmt); err != nil {
-					t.Fatalf("resumed down: %v", err)
-				}
-			}
+			execInOneSession(t, sdb, "partial down", through(t, down, "DROP VIEW millpond_outbox"))
+			execInOneSession(t, sdb, "resumed down", down)
 			compareDumps(t, "table after the resumed down", dumpOutbox(t, sdb, "mysql"), want)
 			// Down again on the 0003 table changes nothing.
-			for _, stmt := range down {
-				if _, err := sdb.Exec(stmt); err != nil {
-					t.Fatalf("down again: %v", err)
-				}
-			}
+			execInOneSession(t, sdb, "down again", down)
 			compareDumps(t, "table after a second down", dumpOutbox(t, sdb, "mysql"), want)
 		})
 	}

@@ -295,11 +295,7 @@ func TestMigration0004RetriesAfterItsRenameOnMariaDB(t *testing.T) {
 	sdb := s.SQLDB()
 	writeVersion3(t, sdb, "mysql", v4Rows())
 	want := dumpOutbox(t, sdb, "mysql")
-	for _, stmt := range through(t, mysqlStatements(t, "0004_shared_events.up.sql"), "CREATE TABLE IF NOT EXISTS millpond_deliveries") {
-		if _, err := sdb.ExecContext(ctx, stmt); err != nil {
-			t.Fatalf("partial up: %v", err)
-		}
-	}
+	execInOneSession(t, sdb, "partial up", through(t, mysqlStatements(t, "0004_shared_events.up.sql"), "CREATE TABLE IF NOT EXISTS millpond_deliveries"))
 
 	long := holdOutbox(t, ctx, sdb, "mysql", "millpond_deliveries")
 	done := make(chan error, 1)

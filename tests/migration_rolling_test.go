@@ -433,11 +433,7 @@ func TestMigration0004DownUnderNewWriters(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	sdb := s.SQLDB()
 	for _, name := range []string{"0007_claim_keeps_index.down.sql", "0005_status_off_indexes.down.sql", "0004_shared_events.down.sql"} {
-		for _, stmt := range mysqlStatements(t, name) {
-			if _, err := sdb.ExecContext(ctx, stmt); err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-		}
+		execInOneSession(t, sdb, name, mysqlStatements(t, name))
 	}
 	time.Sleep(200 * time.Millisecond)
 	stop.Store(true)
