@@ -144,33 +144,19 @@ func TestMigration0004UnderOldWriters(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			var committed sync.Map
-			var stop atomic.Bool
-			var wg sync.WaitGroup
 			writers := 8
 			if dialect == "sqlite" {
 				writers = 2
 			}
-			var seq atomic.Int64
-			for range writers {
-				wg.Go(func() {
-					for !stop.Load() {
-						key := fmt.Sprintf("live-%d", seq.Add(1))
-						if err := insertV3(ctx, sdb, dialect, key); err == nil {
-							committed.Store(key, true)
-						}
-					}
-				})
-			}
+			stop := liveWriters(t, writers, func(key string) bool { return insertV3(ctx, sdb, dialect, key) == nil })
 			time.Sleep(50 * time.Millisecond)
 			if err := s.Migrate(ctx); err != nil {
 				t.Fatalf("migrate: %v", err)
 			}
 			time.Sleep(200 * time.Millisecond)
-			stop.Store(true)
-			wg.Wait()
+			committed := stop()
 
-			n := requireNoLostEnqueues(t, ctx, sdb, "millpond_events", &committed, "of the old replicas during the migration")
+			n := requireNoLostEnqueues(t, ctx, sdb, "millpond_events", committed, "of the old replicas during the migration")
 			if got := db.Count(t, "SELECT COUNT(*) FROM millpond_deliveries"); got != int64(preexisting+n) {
 				t.Errorf("%d delivery rows, want %d", got, preexisting+n)
 			}
@@ -408,37 +394,55 @@ func TestMigration0004DownUnderNewWriters(t *testing.T) {
 	if err := commit(); err != nil {
 		t.Fatal(err)
 	}
-	var committed sync.Map
-	var stop atomic.Bool
-	var wg sync.WaitGroup
-	var seq atomic.Int64
-	for range 8 {
-		wg.Go(func() {
-			for !stop.Load() {
-				key := fmt.Sprintf("live-%d", seq.Add(1))
-				tx, commit, rollback, err := db.TryBegin()
-				if err != nil {
-					continue
-				}
-				if _, err := s.Enqueue(ctx, tx, outbox.Event{Stream: "m4", Key: key, Kind: "Placed", Payload: []byte("{}")}); err != nil {
-					rollback()
-					continue
-				}
-				if commit() == nil {
-					committed.Store(key, true)
-				}
-			}
-		})
-	}
+	stop := liveWriters(t, 8, func(key string) bool {
+		tx, commit, rollback, err := db.TryBegin()
+		if err != nil {
+			return false
+		}
+		if _, err := s.Enqueue(ctx, tx, outbox.Event{Stream: "m4", Key: key, Kind: "Placed", Payload: []byte("{}")}); err != nil {
+			rollback()
+			return false
+		}
+		return commit() == nil
+	})
 	time.Sleep(50 * time.Millisecond)
 	sdb := s.SQLDB()
 	for _, name := range []string{"0007_claim_keeps_index.down.sql", "0005_status_off_indexes.down.sql", "0004_shared_events.down.sql"} {
 		execInOneSession(t, sdb, name, mysqlStatements(t, name))
 	}
 	time.Sleep(200 * time.Millisecond)
-	stop.Store(true)
-	wg.Wait()
-	requireNoLostEnqueues(t, ctx, sdb, "millpond_outbox", &committed, "of the new replicas during the down steps")
+	committed := stop()
+	requireNoLostEnqueues(t, ctx, sdb, "millpond_outbox", committed, "of the new replicas during the down steps")
+}
+
+// liveWriters runs n goroutines that write fresh "live-N" keys with write
+// until stopped, recording the keys whose write reports a commit. stop ends
+// them and returns those keys. It also runs when the test ends, so a test
+// that fails before calling it leaves no writer looping against the
+// database (one that did so kept MariaDB busy, and the rest of the package
+// slow, until go test's timeout).
+func liveWriters(t *testing.T, n int, write func(key string) bool) (stop func() *sync.Map) {
+	var committed sync.Map
+	var stopped atomic.Bool
+	var wg sync.WaitGroup
+	var seq atomic.Int64
+	for range n {
+		wg.Go(func() {
+			for !stopped.Load() {
+				key := fmt.Sprintf("live-%d", seq.Add(1))
+				if write(key) {
+					committed.Store(key, true)
+				}
+			}
+		})
+	}
+	stop = func() *sync.Map {
+		stopped.Store(true)
+		wg.Wait()
+		return &committed
+	}
+	t.Cleanup(func() { stop() })
+	return stop
 }
 
 // lostEnqueues counts the keys in committed (the "live-" enqueues that
