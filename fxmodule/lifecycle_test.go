@@ -148,15 +148,7 @@ func TestFailedAppBuildLeavesNothingOpen(t *testing.T) {
 				// The module's own invoke runs first: the store and the bus
 				// are built before the application's invokes fail.
 				fx.Invoke(func(*outbox.Store) { built.Store(true) })}, c.opts...)
-			a := fx.New(opts...)
-			if err := a.Err(); err == nil {
-				t.Fatal("fx.New succeeded; the test needs it to fail")
-			} else {
-				t.Logf("fx.New failed as intended: %v", err)
-			}
-			if !built.Load() {
-				t.Fatal("the store was never built; the test needs fx.New to fail after it")
-			}
+			newFailingAfter(t, opts, &built, "the store")
 			deadline := time.Now().Add(5 * time.Second)
 			for (connections(t, db, app) != 0 || runtime.NumGoroutine() > baseline) && time.Now().Before(deadline) {
 				time.Sleep(50 * time.Millisecond)
@@ -206,5 +198,20 @@ func TestStoreWorksInAnInvoke(t *testing.T) {
 	}
 	if len(groups) != 1 || groups[0].Group != "billing" {
 		t.Fatalf("registered groups %+v, want billing", groups)
+	}
+}
+
+// newFailingAfter runs fx.New(opts...), which must fail after the
+// constructor that sets built ran (named what), and fails the test
+// otherwise.
+func newFailingAfter(t *testing.T, opts []fx.Option, built *atomic.Bool, what string) {
+	t.Helper()
+	if err := fx.New(opts...).Err(); err == nil {
+		t.Fatal("fx.New succeeded; the test needs it to fail")
+	} else {
+		t.Logf("fx.New failed as intended: %v", err)
+	}
+	if !built.Load() {
+		t.Fatalf("%s was never built; the test needs fx.New to fail after it", what)
 	}
 }
