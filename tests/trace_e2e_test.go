@@ -88,15 +88,7 @@ func TestTraceFromRequestToHandlersAndRelay(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Stop(context.Background())
-	sub, err := outbox.NewSubscriber(store, outbox.SubscriberConfig{ConsumerGroup: "trace-bare", PollInterval: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
-	msgs, err := sub.Subscribe(ctx, stream)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sub, msgs := subscribe(t, store, outbox.SubscriberConfig{ConsumerGroup: "trace-bare", PollInterval: 20 * time.Millisecond}, stream)
 	var bareSpan trace.SpanContext
 	select {
 	case m := <-msgs:
