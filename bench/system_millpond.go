@@ -43,7 +43,7 @@ func init() {
 		label:    "millpond, bare Subscriber (batch 1000, 8 in flight), HoldClaims",
 		notes:    "as millpond, with SubscriberConfig.HoldClaims: each batch is held in a transaction of the subscription's own (Store.ClaimHeld, at most 3 at once) instead of leased, and settled in it by one statement once its last message is acked, so a delivered row is written once instead of at the claim and at the acknowledgement; held from the first claim (HoldClaimsAfter -1, the steady state)",
 		order:    0,
-		dialects: []string{dialectPostgres},
+		dialects: []string{dialectPostgres, dialectMySQL},
 		extra:    true,
 		new: func(o Options) System {
 			return &millpondSystem{workers: o.Workers, batch: 1000, inFlight: o.Workers, hold: true}
@@ -54,7 +54,7 @@ func init() {
 		label:    "millpond, bare Subscriber (batch 1000, 8 in flight), HoldClaims, WithDeleteOnAck",
 		notes:    "as millpond-held, on a store with outbox.WithDeleteOnAck (see millpond-delete)",
 		order:    0,
-		dialects: []string{dialectPostgres},
+		dialects: []string{dialectPostgres, dialectMySQL},
 		extra:    true,
 		new: func(o Options) System {
 			return &millpondSystem{workers: o.Workers, batch: 1000, inFlight: o.Workers, hold: true, deleteOnAck: true}
@@ -65,7 +65,7 @@ func init() {
 		label:    "millpond, bare Subscriber, ordering keys over 1000 keys (batch 1000, 8 in flight), HoldClaims",
 		notes:    "as millpond-ordered-1000, with SubscriberConfig.HoldClaims: each held batch's settle acknowledges its ordered events and promotes the next event of each key, which the subscription then claims",
 		order:    5,
-		dialects: []string{dialectPostgres},
+		dialects: []string{dialectPostgres, dialectMySQL},
 		extra:    true,
 		new: func(o Options) System {
 			return &millpondSystem{workers: o.Workers, batch: 1000, inFlight: o.Workers, orderKeys: 1000, hold: true}
@@ -76,7 +76,7 @@ func init() {
 		label:    "millpond, bus + typed handler (batch 1000, 8 in flight), HoldClaims",
 		notes:    "as millpond-bus, with bus.Config.Subscriber.HoldClaims (see millpond-held)",
 		order:    2,
-		dialects: []string{dialectPostgres},
+		dialects: []string{dialectPostgres, dialectMySQL},
 		extra:    true,
 		new: func(o Options) System {
 			return &millpondSystem{workers: o.Workers, batch: 1000, inFlight: o.Workers, bus: true, hold: true}

@@ -64,7 +64,7 @@ type Policy struct {
 	// the bus's (hold unless its Config.Subscriber says skip).
 	DeadLetterPolicy DeadLetterPolicy
 	// HoldClaims makes this handler's subscriber hold its claims
-	// (outbox.SubscriberConfig.HoldClaims, PostgreSQL only) whatever the
+	// (outbox.SubscriberConfig.HoldClaims, PostgreSQL and MySQL) whatever the
 	// bus's default is. Meta.AcknowledgeInTx then fails for its held
 	// deliveries.
 	HoldClaims bool
@@ -252,7 +252,7 @@ func WithLease(d time.Duration) Option { return func(p *Policy) { p.Lease = d } 
 func WithMaxInFlight(n int) Option { return func(p *Policy) { p.MaxInFlight = n } }
 
 // WithHoldClaims makes the handler's subscriber hold its claims
-// (outbox.SubscriberConfig.HoldClaims: PostgreSQL only; fewer writes per
+// (outbox.SubscriberConfig.HoldClaims: PostgreSQL and MySQL; fewer writes per
 // delivery, no AcknowledgeInTx), once it has run for the bus's
 // Subscriber.HoldClaimsAfter (default twice the lease; leased claims
 // before). Suits handlers that finish within seconds and keep no

@@ -16,8 +16,10 @@ var ErrHeldSettled = sqlcore.ErrHeldSettled
 // transaction. Other claims skip them as they skip leased events. If the
 // holder dies its session ends and the events are due again at once,
 // unchanged (the attempt is not counted); if its transaction stays idle
-// longer than the request's Lease, the database ends it
-// (idle_in_transaction_session_timeout) with the same effect.
+// longer than the request's Lease, the database ends it with the same
+// effect (PostgreSQL: idle_in_transaction_session_timeout; MySQL: the
+// session's wait_timeout, set to the Lease in whole seconds, rounded up,
+// while the claim is held and restored when it ends).
 //
 // A held claim uses one pooled connection until it ends: keep few open at
 // once, and end each promptly (it also holds back the database's cleanup
@@ -36,7 +38,7 @@ type HeldClaim struct {
 // may stay idle (req.Lease from now). With no due event it returns no
 // events and a nil *HeldClaim.
 //
-// Only PostgreSQL holds claims; on other databases the error wraps
+// PostgreSQL and MySQL/MariaDB hold claims; on SQLite the error wraps
 // errors.ErrUnsupported.
 func (s *Store) ClaimHeld(ctx context.Context, req ClaimRequest) (*HeldClaim, []Claimed, error) {
 	if err := s.ready(ctx); err != nil {
@@ -80,10 +82,21 @@ func (h *HeldClaim) Abort() error {
 
 // heldBudget is the most held claims a store's subscribers keep open at
 // once (SubscriberConfig.HoldClaims): a quarter of the pool's connections,
-// at least one. Each held claim keeps a connection until its batch
-// settles, so without a bound subscriptions (or handlers that need a
-// connection to finish) could wait for connections that held claims keep.
-func heldBudget(maxConns int) int { return max(1, maxConns/4) }
+// at least one; unlimitedHeld when the pool has no limit (maxConns 0, a
+// database/sql pool's default). Each held claim keeps a connection until
+// its batch settles, so without a bound subscriptions (or handlers that
+// need a connection to finish) could wait for connections that held
+// claims keep.
+func heldBudget(maxConns int) int {
+	if maxConns <= 0 {
+		return unlimitedHeld
+	}
+	return max(1, maxConns/4)
+}
+
+// unlimitedHeld is the held-claim budget of a pool without a connection
+// limit: each held claim is still a database session.
+const unlimitedHeld = 8
 
 // tryHold takes room for one more held claim of a subscriber, if there is
 // any; unhold gives it back.

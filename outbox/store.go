@@ -47,7 +47,7 @@ type Store struct {
 	schemaOK   atomic.Bool // CheckSchema found the schema current
 
 	// heldBudget has room for the held claims the store's subscribers
-	// may keep open at once (PostgreSQL; see heldBudget).
+	// may keep open at once (PostgreSQL and MySQL; see heldBudget).
 	heldBudget chan struct{}
 
 	dialect  sqlcore.Dialect
@@ -279,8 +279,11 @@ func NewStore(b Backend, opts ...Option) (*Store, error) {
 		return nil, err
 	}
 	s.pool, s.sqlDB, s.closer, s.writes = b.Pool, b.DB, b.Close, gate
-	if b.Pool != nil {
+	switch {
+	case b.Pool != nil:
 		s.heldBudget = make(chan struct{}, heldBudget(int(b.Pool.Config().MaxConns)))
+	case d == sqlcore.MySQL:
+		s.heldBudget = make(chan struct{}, heldBudget(b.DB.Stats().MaxOpenConnections))
 	}
 	if d == sqlcore.SQLite {
 		s.stmts = newStmtCache(b.DB, s.core.EnqueueStatements())

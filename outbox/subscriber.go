@@ -74,7 +74,7 @@ type SubscriberConfig struct {
 	// with an ordering key are always delivered one at a time per key and
 	// group, in commit order, whatever MaxInFlight is.
 	DeadLetterPolicy DeadLetterPolicy
-	// HoldClaims (PostgreSQL only) claims each batch as a held claim
+	// HoldClaims (PostgreSQL and MySQL/MariaDB) claims each batch as a held claim
 	// (Store.ClaimHeld) instead of under leases: the batch's rows stay
 	// locked, unchanged, in a transaction of the subscription's own until
 	// every message of the batch is acked or nacked; then one statement
@@ -85,7 +85,8 @@ type SubscriberConfig struct {
 	// settled early: its acked events are marked delivered and the rest
 	// become ordinary leased claims. A subscription holds at most three
 	// batches, each on a pooled connection, and a Store at most a quarter
-	// of its pool's connections (at least one): a batch that finds no room
+	// of its pool's connections (at least one; 8 when a MySQL pool has no
+	// limit, sql.DB.SetMaxOpenConns): a batch that finds no room
 	// within 200 ms is claimed under a lease, as without the option.
 	//
 	// What it gives up: the acks of a batch commit together, so a crash
@@ -95,8 +96,8 @@ type SubscriberConfig struct {
 	// while holding counts none), which is why a subscription leases its
 	// claims for a while after it starts (HoldClaimsAfter); and held
 	// messages carry no receipt (AcknowledgeMessageInTx refuses them with
-	// ErrNoReceipt). Other databases refuse the option with an error
-	// wrapping errors.ErrUnsupported.
+	// ErrNoReceipt). SQLite refuses the option with an error wrapping
+	// errors.ErrUnsupported.
 	HoldClaims bool
 	// HoldClaimsAfter is how long a subscription with HoldClaims claims
 	// under leases after it starts before it holds its claims (default:
@@ -239,8 +240,8 @@ func NewSubscriber(store *Store, config SubscriberConfig) (*Subscriber, error) {
 	if err := config.validate(); err != nil {
 		return nil, fmt.Errorf("outbox: new subscriber: %w", err)
 	}
-	if config.HoldClaims && store.Dialect() != string(sqlcore.Postgres) {
-		return nil, fmt.Errorf("outbox: new subscriber: HoldClaims needs PostgreSQL, not %s: %w", store.Dialect(), errors.ErrUnsupported)
+	if config.HoldClaims && store.Dialect() == string(sqlcore.SQLite) {
+		return nil, fmt.Errorf("outbox: new subscriber: HoldClaims needs PostgreSQL or MySQL, not %s: %w", store.Dialect(), errors.ErrUnsupported)
 	}
 	return &Subscriber{store: store, config: config, closing: make(chan struct{}), active: map[*subscription]struct{}{}}, nil
 }

@@ -11,11 +11,21 @@ import (
 	"github.com/millpond/millpond/outbox"
 )
 
-// TestHeldClaim checks Store.ClaimHeld on PostgreSQL: held events are
-// skipped by other claims and unchanged until Settle, which acknowledges
-// (ordered events hand their keys over), leases or leaves each one; Abort,
-// an idle holder and a dead holder leave them due again, unchanged.
+// TestHeldClaim checks Store.ClaimHeld on PostgreSQL and MariaDB: held
+// events are skipped by other claims and unchanged until Settle, which
+// acknowledges (ordered events hand their keys over), leases or leaves
+// each one; Abort, an idle holder and a dead holder leave them due again,
+// unchanged.
 func TestHeldClaim(t *testing.T) {
+	for _, dialect := range []string{"postgres", "mysql"} {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			testHeldClaims(t, dialect)
+		})
+	}
+}
+
+func testHeldClaims(t *testing.T, dialect string) {
 	for _, deleteOnAck := range []bool{false, true} {
 		name := "KeepDelivered"
 		var opts []outbox.Option
@@ -24,59 +34,81 @@ func TestHeldClaim(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			e := newEnv(t, "postgres", false, opts...)
+			e := newEnv(t, dialect, false, opts...)
 			e.deleteOnAck = deleteOnAck
 			testHeldSettle(t, e)
 		})
 	}
-	t.Run("Abort", func(t *testing.T) {
-		t.Parallel()
-		testHeldAbort(t, newEnv(t, "postgres", false))
-	})
-	t.Run("Refusals", func(t *testing.T) {
-		t.Parallel()
-		testHeldRefusals(t, newEnv(t, "postgres", false))
-	})
-	t.Run("FailedHeadKeepsItsKey", func(t *testing.T) {
-		t.Parallel()
-		testHeldFailedHead(t, newEnv(t, "postgres", false))
-	})
-	t.Run("ProducerCommitsOnTheKeyDuringSettle", func(t *testing.T) {
-		t.Parallel()
-		testHeldSettleRacesProducer(t, newEnv(t, "postgres", false))
-	})
+	for name, test := range map[string]func(*testing.T, *env){
+		"Abort":                               testHeldAbort,
+		"Refusals":                            testHeldRefusals,
+		"FailedHeadKeepsItsKey":               testHeldFailedHead,
+		"ProducerCommitsOnTheKeyDuringSettle": testHeldSettleRacesProducer,
+		"ClaimContextEndsBeforeSettle":        testHeldClaimContext,
+		"IdleHolderIsEnded":                   testHeldIdle,
+		"KilledHolder":                        testHeldKilled,
+		"ClaimsReadPastHeldEvents":            testHeldReadPast,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			test(t, newEnv(t, dialect, false))
+		})
+	}
 	t.Run("ExhaustedEventsAreDeadLettered", func(t *testing.T) {
 		t.Parallel()
-		testHeldExhausted(t, newEnv(t, "postgres", true))
-	})
-	t.Run("ClaimContextEndsBeforeSettle", func(t *testing.T) {
-		t.Parallel()
-		testHeldClaimContext(t, newEnv(t, "postgres", false))
-	})
-	t.Run("IdleHolderIsEnded", func(t *testing.T) {
-		t.Parallel()
-		testHeldIdle(t, newEnv(t, "postgres", false))
-	})
-	t.Run("KilledHolder", func(t *testing.T) {
-		t.Parallel()
-		testHeldKilled(t, newEnv(t, "postgres", false))
+		testHeldExhausted(t, newEnv(t, dialect, true))
 	})
 }
 
-// TestHeldClaimUnsupported: only PostgreSQL holds claims.
-func TestHeldClaimUnsupported(t *testing.T) {
-	for _, dialect := range []string{"mysql", "sqlite"} {
-		t.Run(dialect, func(t *testing.T) {
-			t.Parallel()
-			e := newEnv(t, dialect, false)
-			e.enqueue(event("s", "a"))
-			h, cs, err := e.s.ClaimHeld(e.ctx, claimReq("s", 10, time.Minute, 5))
-			if !errors.Is(err, errors.ErrUnsupported) || h != nil || cs != nil {
-				t.Fatalf("held claim on %s: want errors.ErrUnsupported, got %v, %v, %v", dialect, h, cs, err)
-			}
-			e.expectRow(1, outbox.StatusPending, 0)
-		})
+// TestHeldClaimRestoresTheSession: a MySQL held claim's session gets its
+// wait_timeout back when the claim settles or aborts, so the pooled
+// connection does not carry the claim's into the application's
+// transactions.
+func TestHeldClaimRestoresTheSession(t *testing.T) {
+	e := newEnv(t, "mysql", false)
+	e.db.SQL.SetMaxOpenConns(1) // every statement below runs on the held claim's connection
+	if _, err := e.db.SQL.ExecContext(e.ctx, "SET SESSION wait_timeout = 12345"); err != nil {
+		t.Fatal(err)
 	}
+	expectWaitTimeout := func(when string) {
+		t.Helper()
+		var got int
+		if err := e.db.SQL.QueryRowContext(e.ctx, "SELECT @@SESSION.wait_timeout").Scan(&got); err != nil || got != 12345 {
+			t.Fatalf("%s: want the session's wait_timeout 12345 back, got %d, %v", when, got, err)
+		}
+	}
+	req := claimReq("s", 10, 3*time.Second, 5)
+	for i, end := range []string{"settle", "abort", "settle leasing"} {
+		e.enqueue(event("s", "e"+strconv.Itoa(i)))
+		h, cs := e.claimHeld(req)
+		if len(cs) == 0 {
+			t.Fatal("held claim: nothing held")
+		}
+		var err error
+		switch end {
+		case "settle":
+			_, err = h.Settle(e.ctx, ids(cs), nil)
+		case "abort":
+			err = h.Abort()
+		default:
+			_, err = h.Settle(e.ctx, nil, ids(cs))
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", end, err)
+		}
+		expectWaitTimeout("after " + end)
+	}
+}
+
+// TestHeldClaimUnsupported: SQLite holds no claims.
+func TestHeldClaimUnsupported(t *testing.T) {
+	e := newEnv(t, "sqlite", false)
+	e.enqueue(event("s", "a"))
+	h, cs, err := e.s.ClaimHeld(e.ctx, claimReq("s", 10, time.Minute, 5))
+	if !errors.Is(err, errors.ErrUnsupported) || h != nil || cs != nil {
+		t.Fatalf("held claim on SQLite: want errors.ErrUnsupported, got %v, %v, %v", h, cs, err)
+	}
+	e.expectRow(1, outbox.StatusPending, 0)
 }
 
 func (e *env) claimHeld(req outbox.ClaimRequest) (*outbox.HeldClaim, []outbox.Claimed) {
@@ -400,15 +432,7 @@ func testHeldKilled(t *testing.T, e *env) {
 	if len(cs) != 2 {
 		t.Fatalf("held claim: want 2 events, got %d", len(cs))
 	}
-	// The holder's session is the one idle in a transaction that holds a
-	// row-share lock (FOR UPDATE) on this test's table.
-	var killed int
-	err := e.db.Pool.QueryRow(e.ctx, `SELECT COUNT(*) FILTER (WHERE pg_terminate_backend(l.pid))
-FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE l.relation = 'millpond_deliveries'::regclass AND l.mode = 'RowShareLock' AND l.granted AND a.state = 'idle in transaction'`).Scan(&killed)
-	if err != nil || killed != 1 {
-		t.Fatalf("terminate the holder's session: want 1 session ended, got %d, %v", killed, err)
-	}
+	e.killHolder()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		got := e.claim(claimReq("s", 10, time.Minute, 5))
@@ -425,5 +449,54 @@ WHERE l.relation = 'millpond_deliveries'::regclass AND l.mode = 'RowShareLock' A
 	}
 	if _, err := h.Settle(e.ctx, ids(cs), nil); err == nil {
 		t.Fatal("settle of a claim whose session died: want an error")
+	}
+}
+
+// killHolder ends the session of the test's one held claim.
+func (e *env) killHolder() {
+	e.t.Helper()
+	if e.db.Dialect == "mysql" {
+		// The holder's session is the one of this test's database whose
+		// open transaction locks rows.
+		var thread int64
+		err := e.db.SQL.QueryRowContext(e.ctx, `SELECT t.trx_mysql_thread_id FROM information_schema.INNODB_TRX t
+JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id
+WHERE p.DB = DATABASE() AND t.trx_rows_locked > 0`).Scan(&thread)
+		if err == nil {
+			_, err = e.db.SQL.ExecContext(e.ctx, "KILL "+strconv.FormatInt(thread, 10))
+		}
+		if err != nil {
+			e.t.Fatalf("kill the holder's session: %v", err)
+		}
+		return
+	}
+	// The holder's session is the one idle in a transaction that holds a
+	// row-share lock (FOR UPDATE) on this test's table.
+	var killed int
+	err := e.db.Pool.QueryRow(e.ctx, `SELECT COUNT(*) FILTER (WHERE pg_terminate_backend(l.pid))
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.relation = 'millpond_deliveries'::regclass AND l.mode = 'RowShareLock' AND l.granted AND a.state = 'idle in transaction'`).Scan(&killed)
+	if err != nil || killed != 1 {
+		e.t.Fatalf("terminate the holder's session: want 1 session ended, got %d, %v", killed, err)
+	}
+}
+
+// testHeldReadPast: held events stay pending while they are held, yet a
+// claim of as many events as are held before the due ones takes due ones,
+// leased or held, instead of coming back empty behind them.
+func testHeldReadPast(t *testing.T, e *env) {
+	var all []int64
+	for i := range 12 {
+		all = append(all, e.enqueue(event("s", "e"+strconv.Itoa(i))).ID)
+	}
+	req := claimReq("s", 3, time.Minute, 5)
+	_, first := e.claimHeld(req)
+	_, second := e.claimHeld(req)
+	leased := e.claim(req)
+	_, third := e.claimHeld(req)
+	for i, got := range [][]int64{ids(first), ids(second), ids(leased), ids(third)} {
+		if want := all[3*i : 3*i+3]; !slices.Equal(got, want) {
+			t.Fatalf("claim %d of 3 events behind %d held ones: want %v, got %v", i+1, 3*i, want, got)
+		}
 	}
 }

@@ -840,9 +840,10 @@ func (e *env) waitForLockWait(label string) {
 		query = "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
 	case "mysql":
 		// MariaDB lists a statement waiting on a row lock in the process
-		// list, not always in INNODB_TRX.
+		// list, not always in INNODB_TRX: an enqueue, or an
+		// acknowledgement counting a head off its key.
 		query = `SELECT COUNT(*) FROM information_schema.PROCESSLIST
-WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO LIKE 'INSERT INTO millpond_%'`
+WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND (INFO LIKE 'INSERT INTO millpond_%' OR INFO LIKE 'UPDATE millpond_ordering%')`
 	default:
 		time.Sleep(100 * time.Millisecond)
 		return

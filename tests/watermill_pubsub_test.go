@@ -29,11 +29,11 @@ func TestWatermillUniversalPubSub(t *testing.T) { testWatermillUniversalPubSub(t
 
 // TestWatermillUniversalPubSubHoldClaims runs the suite against a
 // Subscriber that holds its claims (SubscriberConfig.HoldClaims), which
-// only PostgreSQL offers.
+// PostgreSQL and MariaDB offer.
 // Its store's pool has 20 connections, so up to 5 batches are held at once
 // and the suite's many concurrent subscribers also claim under leases.
 func TestWatermillUniversalPubSubHoldClaims(t *testing.T) {
-	testUniversalSuite(t, []string{"postgres"}, func(c *outbox.SubscriberConfig) { c.HoldClaims, c.HoldClaimsAfter = true, -1 })
+	testUniversalSuite(t, []string{"postgres", "mysql"}, func(c *outbox.SubscriberConfig) { c.HoldClaims, c.HoldClaimsAfter = true, -1 })
 }
 
 func testWatermillUniversalPubSub(t *testing.T, opts ...outbox.Option) {

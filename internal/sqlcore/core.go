@@ -14,6 +14,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -531,50 +532,16 @@ func (c *Core) claimMySQL(ctx context.Context, req ClaimRequest) ([]Claimed, err
 	if err != nil || len(due) == 0 {
 		return nil, err
 	}
-	q := c.stmts.claimSelect
-	text, extra := expandIDs(q.text, slices.Sorted(maps.Keys(due)))
-	lockArgs := append(q.args(vals), extra...)
 	var out []Claimed
 	err = c.inTxRetry(ctx, "claim", &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(tx Tx) error {
-		out = out[:0]
-		rows, err := tx.QueryContext(ctx, text, lockArgs...)
-		if err != nil {
-			return err
-		}
-		var dead, eventIDs []int64
-		// The lease is measured from the database clock of the locking
-		// read (each row returns it), which takes its locks without
-		// waiting (SKIP LOCKED).
+		var eventIDs, dead []int64
 		var now int64
-		for rows.Next() {
-			var cl Claimed
-			var status string
-			var eid, availableAt int64
-			if err := rows.Scan(&cl.ID, &cl.Stream, &cl.Group, &eid, &cl.Attempts, &cl.ClaimKey, &availableAt, &cl.OrderingKey, &cl.OrderingSeq, &status, &now); err != nil {
-				rows.Close()
-				return err
-			}
-			// Under DeadLetterSkip an exhausted row with an ordering key is
-			// claimed once more and settled by settleExhausted (see deadAt).
-			if cl.Attempts >= req.MaxAttempts && (req.DeadLetterPolicy == DeadLetterHold || cl.OrderingKey == "") {
-				dead = append(dead, cl.ID)
-				continue
-			}
-			cl.Reclaimed = status == StatusProcessing
-			out = append(out, cl)
-			eventIDs = append(eventIDs, eid)
-		}
-		if err := rowsErr(rows); err != nil {
-			rows.Close()
-			return err
-		}
-		if err := rows.Close(); err != nil {
+		var err error
+		if out, eventIDs, dead, now, err = c.lockDueMySQL(ctx, tx, req, due); err != nil {
 			return err
 		}
 		if len(dead) > 0 {
-			text, extra := expandIDs(c.stmts.claimDead.text, dead)
-			args := append(c.stmts.claimDead.args(map[string]any{"worker": req.Worker}), extra...)
-			if _, err := tx.ExecContext(ctx, text, args...); err != nil {
+			if err := c.deadLetterExhaustedMySQL(ctx, tx, req, dead); err != nil {
 				return err
 			}
 		}
@@ -601,6 +568,76 @@ func (c *Core) claimMySQL(ctx context.Context, req ClaimRequest) ([]Claimed, err
 		return nil, err
 	}
 	return c.settleExhausted(ctx, req, out), nil
+}
+
+// maxDuePages is the most pages of due rows a MySQL claim reads (see
+// lockDueMySQL).
+const maxDuePages = 8
+
+// lockDueMySQL locks up to req.Limit due rows that no other transaction
+// holds (SKIP LOCKED), in id order, starting with the ids of due (found by
+// claimDue), and returns them with their events' ids (for withContent),
+// the ids of those whose attempts are used up (to dead-letter: not in
+// out) and the database clock of the locking read.
+//
+// Rows held by other transactions are still due to the plain read that
+// found them: the rows of held claims (ClaimHeld) stay pending while they
+// are held. When a full page of due rows yields fewer than req.Limit rows
+// the claim reads the next page, after the page's last id, up to
+// maxDuePages pages: claims read on past the held rows instead of coming
+// back empty behind them.
+func (c *Core) lockDueMySQL(ctx context.Context, tx Tx, req ClaimRequest, due map[int64]bool) (out []Claimed, eventIDs, dead []int64, now int64, err error) {
+	page := slices.Sorted(maps.Keys(due))
+	for n := 1; ; n++ {
+		q := c.stmts.claimSelect
+		text, extra := expandIDs(strings.Replace(q.text, "{limit}", strconv.Itoa(req.Limit-len(out)-len(dead)), 1), page)
+		rows, err := tx.QueryContext(ctx, text, append(q.args(map[string]any{"now": c.nowArg()}), extra...)...)
+		if err != nil {
+			return nil, nil, nil, 0, err
+		}
+		for rows.Next() {
+			var cl Claimed
+			var status string
+			var eid, availableAt int64
+			if err := rows.Scan(&cl.ID, &cl.Stream, &cl.Group, &eid, &cl.Attempts, &cl.ClaimKey, &availableAt, &cl.OrderingKey, &cl.OrderingSeq, &status, &now); err != nil {
+				rows.Close()
+				return nil, nil, nil, 0, err
+			}
+			// Under DeadLetterSkip an exhausted row with an ordering key is
+			// claimed once more and settled by settleExhausted (see deadAt).
+			if cl.Attempts >= req.MaxAttempts && (req.DeadLetterPolicy == DeadLetterHold || cl.OrderingKey == "") {
+				dead = append(dead, cl.ID)
+				continue
+			}
+			cl.Reclaimed = status == StatusProcessing
+			out = append(out, cl)
+			eventIDs = append(eventIDs, eid)
+		}
+		if err := rowsErr(rows); err != nil {
+			rows.Close()
+			return nil, nil, nil, 0, err
+		}
+		if err := rows.Close(); err != nil {
+			return nil, nil, nil, 0, err
+		}
+		if len(out)+len(dead) >= req.Limit || len(page) < req.Limit || n == maxDuePages {
+			return out, eventIDs, dead, now, nil
+		}
+		next := map[string]any{"stream": req.Stream, "group": req.Group, "limit": req.Limit, "now": c.nowArg(), "after": page[len(page)-1]}
+		more, err := c.queryIDs(ctx, tx, c.stmts.claimDue.text, c.stmts.claimDue.args(next))
+		if err != nil || len(more) == 0 {
+			return out, eventIDs, dead, now, err
+		}
+		page = slices.Sorted(maps.Keys(more))
+	}
+}
+
+// deadLetterExhaustedMySQL dead-letters the rows a claim locked whose
+// attempts are used up.
+func (c *Core) deadLetterExhaustedMySQL(ctx context.Context, tx Tx, req ClaimRequest, dead []int64) error {
+	text, extra := expandIDs(c.stmts.claimDead.text, dead)
+	_, err := tx.ExecContext(ctx, text, append(c.stmts.claimDead.args(map[string]any{"worker": req.Worker}), extra...)...)
+	return err
 }
 
 // AcknowledgeBatch marks delivered every receipt whose claim key still owns

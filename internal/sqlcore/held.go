@@ -15,7 +15,7 @@ import (
 // ErrHeldSettled reports a held claim used after Settle or Abort ended it.
 var ErrHeldSettled = errors.New("held claim already settled or aborted")
 
-// Held claims (PostgreSQL). A claim that writes a lease updates every row
+// Held claims (PostgreSQL, MySQL). A claim that writes a lease updates every row
 // it takes, and its acknowledgement updates it again, checking the claim
 // key. A held claim instead locks the due rows in a transaction of its own
 // (SELECT ... FOR UPDATE SKIP LOCKED) and leaves them unchanged until the
@@ -29,6 +29,14 @@ var ErrHeldSettled = errors.New("held claim already settled or aborted")
 // client (the database's and the client's time): about 11 µs per event
 // held against 20 µs leased, keeping delivered rows; 5.6 against 14 µs
 // deleting them.
+//
+// On MySQL the due rows are found with the leased claim's plain read and
+// locked with its locking read (SKIP LOCKED); the database ends a stalled
+// holder's session through its wait_timeout, which the claim sets for its
+// session (whole seconds, rounded up) once it holds rows and restores
+// before its transaction ends. MariaDB 10.11, 20,000 events claimed and
+// settled 1,000 at a time by one client: about 18 µs per event held
+// against 32-39 µs leased, deleting them; 26-31 against 35 µs keeping them.
 const (
 	// The outer read is under the statement's snapshot: a due row another
 	// transaction changed and committed just after it (claimed and
@@ -80,6 +88,26 @@ FROM unnest(@ids::BIGINT[], @keys::TEXT[]) AS u(id, claim_key)
 WHERE o.id = u.id`
 )
 
+// MySQL's held statements. An event with an ordering key is settled as a
+// leased claim (heldLeaseMySQL, then the acknowledgement's statements).
+var (
+	heldDeliverMySQL = "UPDATE " + mysqlSettleRows + `
+SET d.status = 'delivered', d.delivered_at = @now, d.attempts = d.attempts + 1, d.claimed_by = @worker, d.claim_key = ''`
+	heldDeleteMySQL = "DELETE d FROM " + mysqlSettleRows
+	heldLeaseMySQL  = `UPDATE JSON_TABLE(@pairs, '$[*]' COLUMNS (id BIGINT PATH '$[0]', claim_key VARCHAR(32) PATH '$[1]')) u
+STRAIGHT_JOIN millpond_deliveries o FORCE INDEX (PRIMARY) ON o.id = u.id
+SET o.status = 'processing', o.attempts = o.attempts + 1, o.claimed_by = @worker, o.claim_key = u.claim_key,
+  o.available_at = @now + @lease`
+)
+
+// The session's wait_timeout while a MySQL claim is held, and restored
+// before its transaction ends (to what it was, kept in a session variable).
+const (
+	heldSessionMySQL  = "SET @millpond_wait_timeout = @@SESSION.wait_timeout, SESSION wait_timeout = ?"
+	heldRestoreMySQL  = "SET SESSION wait_timeout = @millpond_wait_timeout"
+	heldRestoreBudget = 5 * time.Second
+)
+
 // Held is an open held claim: its transaction and the rows it holds.
 type Held struct {
 	c    *Core
@@ -98,14 +126,25 @@ type Held struct {
 // Held). Nothing is written until Settle. The events come back with
 // Attempts counting this attempt, no claim key, and LeaseExpiresAt the
 // latest the claim can stay idle. When none is due it returns no events
-// and a nil Held. Only PostgreSQL holds claims: elsewhere the error wraps
-// errors.ErrUnsupported.
+// and a nil Held. PostgreSQL and MySQL hold claims: on SQLite the error
+// wraps errors.ErrUnsupported.
 func (c *Core) ClaimHeld(ctx context.Context, req ClaimRequest) (*Held, []Claimed, error) {
 	if err := req.Validate(); err != nil {
 		return nil, nil, err
 	}
-	if c.dialect != Postgres {
-		return nil, nil, fmt.Errorf("held claims need PostgreSQL, not %s: %w", c.dialect, errors.ErrUnsupported)
+	var due map[int64]bool
+	switch c.dialect {
+	case Postgres:
+	case MySQL:
+		// Found before the transaction begins, as a leased claim finds
+		// them: a poll that finds nothing due is one statement.
+		vals := map[string]any{"stream": req.Stream, "group": req.Group, "limit": req.Limit, "now": c.nowArg(), "after": req.After}
+		var err error
+		if due, err = c.queryIDs(ctx, c.db, c.stmts.claimDue.text, c.stmts.claimDue.args(vals)); err != nil || len(due) == 0 {
+			return nil, nil, err
+		}
+	default:
+		return nil, nil, fmt.Errorf("held claims need PostgreSQL or MySQL, not %s: %w", c.dialect, errors.ErrUnsupported)
 	}
 	txCtx, end := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, end)
@@ -120,7 +159,12 @@ func (c *Core) ClaimHeld(ctx context.Context, req ClaimRequest) (*Held, []Claime
 		end()
 		return nil, nil, err
 	}
-	out, err := c.claimHeld(ctx, tx, req)
+	var out []Claimed
+	if c.dialect == MySQL {
+		out, err = c.claimHeldMySQL(ctx, tx, req, due)
+	} else {
+		out, err = c.claimHeld(ctx, tx, req)
+	}
 	if err != nil || len(out) == 0 {
 		_ = tx.Rollback()
 		end()
@@ -192,6 +236,43 @@ func (c *Core) claimHeld(ctx context.Context, tx Tx, req ClaimRequest) ([]Claime
 	return out, nil
 }
 
+// claimHeldMySQL locks the due rows (found before the transaction began)
+// that no other transaction holds and reads their events: the rows stay
+// as they were. Rows whose attempts are used up are dead-lettered, as by
+// claimHeld. Once it holds rows the session's wait_timeout becomes the
+// lease.
+func (c *Core) claimHeldMySQL(ctx context.Context, tx Tx, req ClaimRequest, due map[int64]bool) ([]Claimed, error) {
+	out, eventIDs, dead, _, err := c.lockDueMySQL(ctx, tx, req, due)
+	if err != nil {
+		return nil, err
+	}
+	if len(dead) > 0 {
+		if err := c.deadLetterExhaustedMySQL(ctx, tx, req, dead); err != nil {
+			return nil, err
+		}
+		if len(out) == 0 {
+			return nil, tx.Commit() // nothing to hold: the dead letters commit on their own
+		}
+	}
+	if len(out) == 0 {
+		return nil, nil
+	}
+	if out, err = c.withContent(ctx, tx, out, eventIDs); err != nil || len(out) == 0 {
+		return nil, err
+	}
+	expires := time.Now().Add(req.Lease).UTC()
+	for i := range out {
+		out[i].Attempts++
+		out[i].ClaimKey = ""
+		out[i].LeaseExpiresAt = expires
+	}
+	secs := int64((req.Lease + time.Second - 1) / time.Second)
+	if _, err := tx.ExecContext(ctx, heldSessionMySQL, secs); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // Settle ends the held claim, committing: the events delivered are
 // acknowledged (marked delivered, or deleted with WithDeleteOnAck; an event
 // with an ordering key hands its key to the next event, as Acknowledge
@@ -220,7 +301,11 @@ func (h *Held) Settle(ctx context.Context, delivered, lease []int64) ([]Receipt,
 	stop := context.AfterFunc(ctx, h.end) // ctx bounds the commit too
 	defer stop()
 	receipts, err := h.settle(ctx, tx, delivered, lease)
+	if err == nil && h.c.dialect == MySQL {
+		_, err = tx.ExecContext(ctx, heldRestoreMySQL)
+	}
 	if err != nil {
+		h.restoreSession(tx)
 		_ = tx.Rollback()
 		return nil, err
 	}
@@ -245,6 +330,9 @@ func (h *Held) settle(ctx context.Context, tx Tx, delivered, lease []int64) ([]R
 	vals := map[string]any{"now": c.nowArg(), "worker": h.req.Worker}
 	if len(plain) > 0 {
 		vals["ids"] = plain
+		if c.dialect == MySQL {
+			vals["ids"] = jsonIDs(plain)
+		}
 		q := c.stmts.heldDeliver
 		if _, err := tx.ExecContext(ctx, q.text, q.args(vals)...); err != nil {
 			return nil, err
@@ -257,7 +345,9 @@ func (h *Held) settle(ctx context.Context, tx Tx, delivered, lease []int64) ([]R
 	// key's row) are acknowledged as leased claims below, whose path
 	// settles them in later statements.
 	leased := slices.Clone(lease)
-	if len(ordered) > 0 {
+	if c.dialect == MySQL {
+		leased = append(leased, ordered...)
+	} else if len(ordered) > 0 {
 		vals["ids"] = ordered
 		q := c.stmts.heldAck
 		acked, err := c.queryIDs(ctx, tx, q.text, q.args(vals))
@@ -280,6 +370,9 @@ func (h *Held) settle(ctx context.Context, tx Tx, delivered, lease []int64) ([]R
 		keys[i] = hex.EncodeToString(raw[16*i : 16*i+16])
 	}
 	vals["ids"], vals["keys"], vals["lease"] = leased, keys, micros(h.req.Lease)
+	if c.dialect == MySQL {
+		vals["pairs"] = jsonPairs(leased, keys)
+	}
 	q := c.stmts.heldLease
 	if _, err := tx.ExecContext(ctx, q.text, q.args(vals)...); err != nil {
 		return nil, err
@@ -336,8 +429,42 @@ func (h *Held) Abort() error {
 	ctx, cancel := context.WithTimeout(context.Background(), max(h.req.Lease/2, 5*time.Second))
 	defer cancel()
 	_, err := tx.ExecContext(ctx, "ROLLBACK")
+	if err == nil && h.c.dialect == MySQL {
+		_, err = tx.ExecContext(ctx, heldRestoreMySQL)
+	}
 	if rerr := tx.Rollback(); err == nil {
 		err = rerr
 	}
 	return err
+}
+
+// restoreSession gives a MySQL session its wait_timeout back before a
+// failed settle rolls back, so that its pooled connection does not carry
+// the held claim's into other transactions. It is best effort: a session
+// it cannot reach is gone, or will be once its wait_timeout passes.
+func (h *Held) restoreSession(tx Tx) {
+	if h.c.dialect != MySQL {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), heldRestoreBudget)
+	defer cancel()
+	_, _ = tx.ExecContext(ctx, heldRestoreMySQL)
+}
+
+// jsonPairs is ids and keys as a JSON array of [id, key] pairs, the @pairs
+// of heldLeaseMySQL. The keys are hexadecimal: nothing to escape.
+func jsonPairs(ids []int64, keys []string) string {
+	b := make([]byte, 0, 48*len(ids)+2)
+	b = append(b, '[')
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '[')
+		b = strconv.AppendInt(b, id, 10)
+		b = append(b, ',', '"')
+		b = append(b, keys[i]...)
+		b = append(b, '"', ']')
+	}
+	return string(append(b, ']'))
 }

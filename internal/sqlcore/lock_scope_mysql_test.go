@@ -77,7 +77,10 @@ SELECT 's', '', CONCAT('key-', a.d, b.d, c.d), 3, 3 FROM `+digits+` a, `+digits+
 		{"acknowledge's first try", func() (string, []any) { return withReceipts(c.stmts.ackAll) }},
 		{"acknowledge's delete", func() (string, []any) { return withIDs(del.stmts.ackMark) }},
 		{"delete rows", func() (string, []any) { return withIDs(c.stmts.deleteDeliveries) }},
-		{"claim's locking read", func() (string, []any) { return withIDs(c.stmts.claimSelect) }},
+		{"claim's locking read", func() (string, []any) {
+			text, args := withIDs(c.stmts.claimSelect)
+			return strings.Replace(text, "{limit}", "100", 1), args
+		}},
 		{"lifecycle's locking read", func() (string, []any) { return withIDs(c.stmts.lifecycle.lockUndelivered) }},
 		{"lifecycle's locking read of dead letters", func() (string, []any) { return withIDs(c.stmts.lifecycle.lockDead) }},
 		{"lifecycle's locking read of pending rows", func() (string, []any) { return withIDs(c.stmts.lifecycle.lockPending) }},

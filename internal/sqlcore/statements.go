@@ -20,7 +20,7 @@ type statements struct {
 	claim          query // PostgreSQL and SQLite: one statement
 	anyDue         query // SQLite: a read that spares idle claims the write lock
 	claimDue       query // MySQL: find due rows ({ids} of claimSelect)
-	claimSelect    query // MySQL: lock due rows
+	claimSelect    query // MySQL: lock due rows ({ids}, and {limit} a number: after the ids, it cannot be a parameter)
 	claimDead      query // MySQL: dead-letter exhausted rows of the batch ({ids})
 	claimUpdate    string
 	ack            query
@@ -87,11 +87,11 @@ type statements struct {
 	purgeEventsCount query
 
 	// Held claims (PostgreSQL, see held.go).
-	claimHeld   query // lock due rows, read them with their content
-	heldDeliver query // settle delivered rows without an ordering key ({ids} as an array)
-	heldLease   query // make held rows ordinary leased claims
-	heldDead    query // dead-letter due rows whose attempts are used up
-	heldAck     query // acknowledge held rows with an ordering key, promoting their keys' next events
+	claimHeld   query // PostgreSQL: lock due rows, read them with their content
+	heldDeliver query // settle delivered rows without an ordering key (@ids: an array; MySQL: a JSON array)
+	heldLease   query // make held rows ordinary leased claims (MySQL: @pairs, a JSON array of [id, claim key])
+	heldDead    query // PostgreSQL: dead-letter due rows whose attempts are used up
+	heldAck     query // PostgreSQL: acknowledge held rows with an ordering key, promoting their keys' next events
 
 	migrationsDDL string
 	appliedSQL    string
@@ -742,6 +742,10 @@ FOR UPDATE`)
 		s.recordSQL = "INSERT INTO millpond_schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)"
 
 	case MySQL:
+		s.heldDeliver, s.heldLease = c(heldDeliverMySQL), c(heldLeaseMySQL)
+		if deleteOnAck {
+			s.heldDeliver = c(heldDeleteMySQL)
+		}
 		s.insertEvent = c(insertEventCols + `VALUES (@now, @stream, @key, @kind, @hash, @metadata, @payload)
 ON DUPLICATE KEY UPDATE id = id`)
 		// One delivery row per group subscribed to the event's kind, or one
@@ -785,7 +789,7 @@ WHERE stream = @stream AND consumer_group = @group AND phase = 1 AND available_a
 ORDER BY id LIMIT @limit`)
 		s.claimSelect = c(`SELECT ` + claimRowColumns + `, status, @now FROM millpond_deliveries FORCE INDEX (PRIMARY)
 WHERE status IN ('pending', 'processing') AND available_at <= @now AND id IN ({ids})
-ORDER BY id
+ORDER BY id LIMIT {limit}
 FOR UPDATE SKIP LOCKED`)
 		// MySQL evaluates SET assignments left to right, each seeing the
 		// columns already assigned: last_error must read the old status.

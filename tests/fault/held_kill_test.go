@@ -26,7 +26,7 @@ const (
 )
 
 // TestHeldSubscriberKilled: a consumer process whose Subscriber holds its
-// claims (HoldClaims, PostgreSQL) handles events, each handling logging a
+// claims (HoldClaims; PostgreSQL and MariaDB) handles events, each handling logging a
 // row in its own transaction before the Ack, and is SIGKILLed after about a
 // third. Its lease is a minute. What is asserted:
 //
@@ -40,10 +40,29 @@ const (
 //     the events handled twice (handled by the dead consumer, their batch
 //     not yet settled) are at most the three batches it could hold.
 func TestHeldSubscriberKilled(t *testing.T) {
+	for _, dialect := range []string{"postgres", "mysql"} {
+		t.Run(dialect, func(t *testing.T) { testHeldSubscriberKilled(t, dialect) })
+	}
+}
+
+// heldLogInsert logs a handling in fault_held_log, in the dialect's
+// placeholders.
+func heldLogInsert(dialect string) string {
+	if dialect == "postgres" {
+		return "INSERT INTO fault_held_log (event_id, handled_by) VALUES ($1, $2)"
+	}
+	return "INSERT INTO fault_held_log (event_id, handled_by) VALUES (?, ?)"
+}
+
+func testHeldSubscriberKilled(t *testing.T, dialect string) {
 	ctx := context.Background()
-	db := testdb.New(t, "postgres")
+	db := testdb.New(t, dialect)
 	store := db.Store(t)
-	db.Exec(t, "CREATE TABLE fault_held_log (id BIGSERIAL PRIMARY KEY, event_id BIGINT NOT NULL, handled_by TEXT NOT NULL)")
+	if dialect == "postgres" {
+		db.Exec(t, "CREATE TABLE fault_held_log (id BIGSERIAL PRIMARY KEY, event_id BIGINT NOT NULL, handled_by TEXT NOT NULL)")
+	} else {
+		db.Exec(t, "CREATE TABLE fault_held_log (id BIGINT AUTO_INCREMENT PRIMARY KEY, event_id BIGINT NOT NULL, handled_by VARCHAR(16) NOT NULL)")
+	}
 	enqueueN(t, db, store, heldKillStream, "ev", heldKillEvents)
 
 	c := startChild(t, "victim", "held-worker", envURL+"="+db.URL, envStream+"="+heldKillStream)
@@ -66,6 +85,12 @@ func TestHeldSubscriberKilled(t *testing.T) {
 	// The dead consumer's session ends with its process; wait for the
 	// database to notice (its backend exits), then look.
 	waitUntil(t, 10*time.Second, "the dead consumer's locks released", func() bool {
+		if dialect == "mysql" {
+			// Every open transaction of the test's database is the dead
+			// consumer's: the test keeps none open.
+			return db.Count(t, `SELECT COUNT(*) FROM information_schema.INNODB_TRX t
+JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id WHERE p.DB = DATABASE()`) == 0
+		}
 		return db.Count(t, `SELECT COUNT(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE a.application_name = 'held-victim'`) == 0
 	})
 	counts := statusCounts(t, db, heldKillStream)
@@ -98,7 +123,7 @@ func TestHeldSubscriberKilled(t *testing.T) {
 	go func() {
 		for msg := range msgs {
 			id, _ := strconv.ParseInt(msg.Metadata.Get(outbox.MetadataEventID), 10, 64)
-			if _, err := db.Pool.Exec(ctx, "INSERT INTO fault_held_log (event_id, handled_by) VALUES ($1, 'survivor')", id); err != nil {
+			if _, err := store.SQLDB().ExecContext(ctx, heldLogInsert(dialect), id, "survivor"); err != nil {
 				msg.Nack()
 				continue
 			}
@@ -154,9 +179,13 @@ func heldWorker() error {
 	if err != nil {
 		return err
 	}
-	q := u.Query()
-	q.Set("application_name", "held-victim") // the parent waits for this session to end
-	u.RawQuery = q.Encode()
+	dialect := "mysql"
+	if u.Scheme == "postgres" || u.Scheme == "postgresql" {
+		dialect = "postgres"
+		q := u.Query()
+		q.Set("application_name", "held-victim") // the parent waits for this session to end
+		u.RawQuery = q.Encode()
+	}
 	store, err := anydb.Open(ctx, u.String(), outbox.WithoutListen())
 	if err != nil {
 		return err
@@ -171,13 +200,13 @@ func heldWorker() error {
 	if err != nil {
 		return err
 	}
-	pool := store.Pool()
+	sqlDB := store.SQLDB()
 	var handled atomic.Int64
 	for range 4 {
 		go func() {
 			for msg := range msgs {
 				id, _ := strconv.ParseInt(msg.Metadata.Get(outbox.MetadataEventID), 10, 64)
-				if _, err := pool.Exec(ctx, "INSERT INTO fault_held_log (event_id, handled_by) VALUES ($1, 'victim')", id); err != nil {
+				if _, err := sqlDB.ExecContext(ctx, heldLogInsert(dialect), id, "victim"); err != nil {
 					fmt.Fprintln(os.Stderr, "log:", err)
 					msg.Nack()
 					continue
