@@ -386,6 +386,10 @@ type subscription struct {
 	cfg   *SubscriberConfig
 	store *Store
 	topic string
+	// boundStale tells claimLoop that rows below its claim bound may be
+	// due again (a held batch aborted, lost, or settled with failed,
+	// leased or ordered events): its next claim starts from the oldest.
+	boundStale atomic.Bool
 	ctx   context.Context // the Subscribe context: values and cancellation
 	stop  chan struct{}   // closed when the subscription must stop claiming
 	out   chan *message.Message
@@ -573,6 +577,19 @@ func (sub *subscription) claimLoop() {
 		Multiplier:          2,
 		MaxInterval:         5 * time.Second,
 	}
+	// A holding subscription's rows stay due while their batch is held,
+	// so every claim would read them again on its way to the due ones
+	// (and on MySQL try to lock each one). Over a backlog (claims that
+	// come back full) its claims therefore start after the largest id of
+	// the last one (ClaimRequest.After). Rows below can become due
+	// meanwhile (a retry, an expired lease, a key's next event, another
+	// process's aborted batch): the bound is dropped when a claim comes
+	// back short or fails, when one of its own batches leaves rows due or
+	// pending (boundStale), and at the latest heldBoundAge after it was
+	// set from the oldest, so such a row waits at most that long, and only
+	// during a backlog.
+	var after int64
+	var afterSince time.Time
 	for {
 		// Events handed over by acknowledgements take room too: the
 		// subscription holds at most a queue's worth of undispatched
@@ -604,6 +621,12 @@ func (sub *subscription) claimLoop() {
 			Limit: limit, Lease: sub.cfg.Lease, MaxAttempts: sub.cfg.MaxAttempts,
 			DeadLetterPolicy: sub.cfg.DeadLetterPolicy,
 		}
+		if sub.holding() {
+			if sub.boundStale.Swap(false) || after != 0 && time.Since(afterSince) >= heldBoundAge {
+				after = 0
+			}
+			req.After = after
+		}
 		var claimed []Claimed
 		var batch *heldBatch
 		var err error
@@ -618,6 +641,18 @@ func (sub *subscription) claimLoop() {
 			cancel()
 		}
 		noteOutcome(&sub.claimFailing, err)
+		if sub.holding() {
+			if err == nil && limit > 0 && len(claimed) == limit {
+				if after == 0 {
+					afterSince = time.Now()
+				}
+				for _, c := range claimed {
+					after = max(after, c.ID)
+				}
+			} else {
+				after = 0
+			}
+		}
 		if err != nil {
 			// A wake-up cuts the wait short.
 			delay := failed.NextBackOff()

@@ -76,6 +76,10 @@ const (
 // holding reports whether the subscription holds its claims.
 func (sub *subscription) holding() bool { return sub.slots != nil }
 
+// heldBoundAge is the longest a holding subscription's claim bound stands
+// (see claimLoop): a row below it waits at most that long for a claim.
+const heldBoundAge = 250 * time.Millisecond
+
 // claimHeld takes a held claim of up to req.Limit events and returns its
 // batch. When none of the subscription's slots frees up within heldSlotWait,
 // or the store has no room for another held claim, it claims under a lease
@@ -244,7 +248,15 @@ func (sub *subscription) settleHeld(b *heldBatch, lease []Claimed) map[int64]str
 	delivered, failed, kinds, ordered := b.delivered, b.failed, b.kinds, b.ordered
 	b.delivered, b.failed, b.kinds = nil, nil, map[string]int{}
 	sub.mu.Unlock()
+	if len(failed) > 0 || len(lease) > 0 || ordered {
+		// Rows of the batch become due (retries after their backoff,
+		// leased ones when their lease ends) or pending (keys' next
+		// events) below the claim bound; an aborted or lost batch leaves
+		// all of its rows due.
+		defer sub.boundStale.Store(true)
+	}
 	if len(delivered) == 0 && len(failed) == 0 && len(lease) == 0 {
+		sub.boundStale.Store(true)
 		sub.tel.heldBatchEnded(sub.ctx, "aborted")
 		sub.abortHeld(b)
 		return nil
@@ -261,6 +273,7 @@ func (sub *subscription) settleHeld(b *heldBatch, lease []Claimed) map[int64]str
 	cancel()
 	sub.endHeld() // the transaction ended: the failures below are leased claims
 	if err != nil {
+		sub.boundStale.Store(true)
 		b.lost.Store(true)
 		sub.tel.heldBatchEnded(sub.ctx, "lost")
 		_ = b.claim.Abort()

@@ -47,6 +47,7 @@ func testSubscriberHoldClaims(t *testing.T, dialect string) {
 		"OrderedKeysInSequence":      testHeldSubOrdered,
 		"NoReceiptForTransactions":   testHeldSubNoReceipt,
 		"LeasesUntilHoldClaimsAfter": testHeldSubLeasesFirst,
+		"RetryDuringBacklog":         testHeldSubRetryDuringBacklog,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -518,4 +519,37 @@ func keyedEvents(stream string, n int) []outbox.Event {
 		evs[i] = event(stream, fmt.Sprintf("k%04d", i))
 	}
 	return evs
+}
+
+// testHeldSubRetryDuringBacklog: over a backlog a holding subscription's
+// claims start after its last full claim (ClaimRequest.After), skipping
+// its own held rows; an event nacked early, whose retry is due below that
+// bound, is still delivered again while the backlog is being worked
+// through, not after it.
+func testHeldSubRetryDuringBacklog(t *testing.T, e *env) {
+	const n = 1500
+	e.enqueueAll(keyedEvents("held", n)...)
+	_, msgs := heldSubscribe(t, e, "held", outbox.SubscriberConfig{
+		BatchSize: 100, MaxInFlight: 4, Backoff: func(int) time.Duration { return 10 * time.Millisecond },
+	})
+	seen := map[string]bool{}
+	retriedAfter := -1
+	for len(seen) < n || retriedAfter < 0 {
+		m := receive(t, msgs, 10*time.Second)
+		if m.UUID == "k0000" && !seen[m.UUID] {
+			seen[m.UUID] = true
+			m.Nack()
+			continue
+		}
+		if m.UUID == "k0000" {
+			retriedAfter = len(seen)
+		}
+		seen[m.UUID] = true
+		time.Sleep(time.Millisecond) // about 2 s of backlog
+		m.Ack()
+	}
+	if retriedAfter > n*7/10 {
+		t.Fatalf("the nacked first event came again after %d of %d events were handled, want it during the backlog", retriedAfter, n)
+	}
+	t.Logf("the nacked first event came again after %d of %d events", retriedAfter, n)
 }
