@@ -390,9 +390,9 @@ type subscription struct {
 	// due again (a held batch aborted, lost, or settled with failed,
 	// leased or ordered events): its next claim starts from the oldest.
 	boundStale atomic.Bool
-	ctx   context.Context // the Subscribe context: values and cancellation
-	stop  chan struct{}   // closed when the subscription must stop claiming
-	out   chan *message.Message
+	ctx        context.Context // the Subscribe context: values and cancellation
+	stop       chan struct{}   // closed when the subscription must stop claiming
+	out        chan *message.Message
 	// started is when Subscribe made the subscription: its claims are
 	// leased until HoldClaimsAfter has passed since.
 	started time.Time
