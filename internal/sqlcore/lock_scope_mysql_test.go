@@ -90,6 +90,17 @@ SELECT 's', '', CONCAT('key-', a.d, b.d, c.d), 3, 3 FROM `+digits+` a, `+digits+
 		{"acknowledge's first try, deleting", func() (string, []any) { return withReceipts(del.stmts.ackAll) }},
 		{"promote", func() (string, []any) { return withIDs(c.stmts.promoteIDs) }},
 		{"hand over's locking read", func() (string, []any) { return withIDs(c.stmts.lockBlocked) }},
+		{"held claim's settle", func() (string, []any) { return withIDs(c.stmts.heldDeliver) }},
+		{"held claim's settle, deleting", func() (string, []any) { return withIDs(del.stmts.heldDeliver) }},
+		{"held claim's lease", func() (string, []any) {
+			vals := maps.Clone(now)
+			keys := make([]string, len(ids))
+			for i := range keys {
+				keys[i] = strings.Repeat("b", 32)
+			}
+			vals["pairs"] = jsonPairs(ids, keys)
+			return c.stmts.heldLease.text, c.stmts.heldLease.args(vals)
+		}},
 		{"extend", func() (string, []any) { return withPairs(c.stmts.extend) }},
 		{"release", func() (string, []any) { return withPairs(c.stmts.release) }},
 		{"requeue", func() (string, []any) { return withIDs(c.stmts.requeue) }},
