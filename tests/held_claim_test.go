@@ -61,7 +61,8 @@ func testHeldClaims(t *testing.T, dialect string) {
 }
 
 // TestHeldClaimRestoresTheSession: a MySQL held claim's session gets its
-// wait_timeout back when the claim settles or aborts, so the pooled
+// wait_timeout back when the claim settles or aborts (also when Settle's
+// context has ended before it begins), so the pooled
 // connection does not carry the claim's into the application's
 // transactions.
 func TestHeldClaimRestoresTheSession(t *testing.T) {
@@ -97,6 +98,29 @@ func TestHeldClaimRestoresTheSession(t *testing.T) {
 			t.Fatalf("%s: %v", end, err)
 		}
 		expectWaitTimeout("after " + end)
+	}
+	// A settle whose context has ended gives the session back too: its
+	// transaction must not be rolled back behind its back (database/sql
+	// rolls back a transaction whose context ends and keeps the
+	// connection), before the wait_timeout is restored. The race is
+	// narrow: try it many times.
+	for i := range 200 {
+		if i < 10 {
+			e.enqueue(event("s", "c"+strconv.Itoa(i)))
+		}
+		h, cs := e.claimHeld(req)
+		if len(cs) == 0 {
+			t.Fatal("held claim: nothing held")
+		}
+		ctx, cancel := context.WithCancel(e.ctx)
+		cancel()
+		if _, err := h.Settle(ctx, ids(cs), nil); !errors.Is(err, context.Canceled) {
+			t.Fatalf("settle with an ended context: want context.Canceled, got %v", err)
+		}
+		expectWaitTimeout("after a settle with an ended context, try " + strconv.Itoa(i))
+		if err := h.Abort(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

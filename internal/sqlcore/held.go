@@ -298,12 +298,35 @@ func (h *Held) Settle(ctx context.Context, delivered, lease []int64) ([]Receipt,
 	tx := h.tx
 	h.tx = nil
 	defer h.end()
+	if h.c.dialect == MySQL {
+		// The transaction's context must not end while it is open: when it
+		// does, database/sql rolls the transaction back on its own and
+		// keeps the connection (go-sql-driver can reset sessions), which
+		// would then carry the claim's wait_timeout into the pool,
+		// restoreSession having no transaction left to run in. Each
+		// statement is bounded by ctx instead (the driver closes the
+		// connection of a statement whose context ends), and an ended
+		// ctx stops the settle before its commit.
+		receipts, err := h.settle(ctx, tx, delivered, lease)
+		if err == nil {
+			_, err = tx.ExecContext(ctx, heldRestoreMySQL)
+		}
+		if err == nil {
+			err = context.Cause(ctx)
+		}
+		if err != nil {
+			h.restoreSession(tx)
+			_ = tx.Rollback()
+			return nil, err
+		}
+		if err := tx.Commit(); err != nil {
+			return nil, err
+		}
+		return receipts, nil
+	}
 	stop := context.AfterFunc(ctx, h.end) // ctx bounds the commit too
 	defer stop()
 	receipts, err := h.settle(ctx, tx, delivered, lease)
-	if err == nil && h.c.dialect == MySQL {
-		_, err = tx.ExecContext(ctx, heldRestoreMySQL)
-	}
 	if err != nil {
 		h.restoreSession(tx)
 		_ = tx.Rollback()
