@@ -30,7 +30,7 @@ import (
 // ordering keys, some unordered, re-enqueue known events and roll
 // transactions back, while consumers of two consumer groups (one with
 // DeadLetterHold, one with DeadLetterSkip) claim them (Claim, hand-overs of
-// AcknowledgeAndClaimNext and, on PostgreSQL, held claims) and acknowledge,
+// AcknowledgeAndClaimNext and, on PostgreSQL and MySQL, held claims) and acknowledge,
 // fail with short delays, release or abandon them to their (short)
 // leases, and an operator requeues or discards dead letters. Then failures
 // stop and every dead letter is requeued or discarded until each
@@ -445,7 +445,7 @@ func (m *orderModel) run(chaos time.Duration) {
 	done := make(chan struct{})
 	for gi, g := range modelGroups {
 		for w := range consumersPerGroup {
-			held := m.dialect == "postgres" && w == 0
+			held := m.dialect != "sqlite" && w == 0
 			workers.Go(func() { m.consume(g.name, gi*consumersPerGroup+w, held, done) })
 		}
 	}
@@ -711,7 +711,7 @@ func isDeadlock(err error) bool {
 	return err != nil && (strings.Contains(err.Error(), "Error 1213") || strings.Contains(err.Error(), "Error 1467"))
 }
 
-// consume claims for group until done closes. A held consumer (PostgreSQL)
+// consume claims for group until done closes. A held consumer (PostgreSQL, MySQL)
 // takes half its claims with ClaimHeld.
 func (m *orderModel) consume(group string, w int, held bool, done <-chan struct{}) {
 	rng := m.rng(uint64(200 + w))
