@@ -86,7 +86,8 @@ type SubscriberConfig struct {
 	// become ordinary leased claims. A subscription holds at most three
 	// batches, each on a pooled connection, and a Store at most a quarter
 	// of its pool's connections (at least one; 8 when a MySQL pool has no
-	// limit, sql.DB.SetMaxOpenConns): a batch that finds no room
+	// limit; the limit is read when the Store is made, so a later
+	// sql.DB.SetMaxOpenConns does not change it): a batch that finds no room
 	// within 200 ms is claimed under a lease, as without the option.
 	//
 	// What it gives up: the acks of a batch commit together, so a crash

@@ -157,7 +157,7 @@ func newJetStream(store *outbox.Store, cfg JetStreamConfig) (*JetStream, error) 
 		return nil, err
 	}
 	if store.Dialect() != "postgres" || cfg.Strict {
-		// Only PostgreSQL holds claims; strict mode's publishes may each
+		// The relay holds claims on PostgreSQL only; strict mode's publishes may each
 		// take several publish timeouts (a read of the subject's last
 		// message, a publish again), beyond a held batch's idle bound.
 		cfg.UseLeases = true
