@@ -691,6 +691,10 @@ func (sub *subscription) claimLoop() {
 		switch {
 		case len(claimed) == limit:
 			wait = 0 // more may be due right now
+		case req.After > 0:
+			// A claim bounded over a backlog came back short: the bound
+			// is dropped, and rows below it may be due now.
+			wait = 0
 		case sub.orderedAcks.Load() > 0:
 			// Acks of ordered events are being written: each hands the
 			// next event of its key over to this subscription (or, when

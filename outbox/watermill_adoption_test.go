@@ -21,6 +21,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/millpond/millpond/internal/testdb"
+	"github.com/millpond/millpond/internal/testlog"
 	"github.com/millpond/millpond/outbox"
 )
 
@@ -413,7 +414,7 @@ func TestAdoptionPoisonQueueNeedsATransactionWithAContextPublisher(t *testing.T)
 // logged at error level, and no event is delivered again.
 func TestAdoptionRouterCloseWhileHandling(t *testing.T) {
 	forAdoptionDialects(t, func(t *testing.T, db *testdb.Database, store *outbox.Store) {
-		logs := watermill.NewCaptureLogger()
+		logs := testlog.NewCapture()
 		sub := newSubscriber(t, store, outbox.SubscriberConfig{ConsumerGroup: "billing", MaxInFlight: 4, Logger: logs})
 		r := newRouter(t, logs)
 		started := make(chan struct{}, 8)
@@ -651,7 +652,7 @@ func TestAdoptionGroupSeesOnlyWhatFollowsItsRegistration(t *testing.T) {
 // nothing is logged at error level.
 func TestAdoptionHandlerOutlastingCloseTimeoutIsDeliveredAgain(t *testing.T) {
 	forAdoptionDialects(t, func(t *testing.T, db *testdb.Database, store *outbox.Store) {
-		logs := watermill.NewCaptureLogger()
+		logs := testlog.NewCapture()
 		sub := newSubscriber(t, store, outbox.SubscriberConfig{ConsumerGroup: "billing", Lease: time.Second,
 			CloseTimeout: 200 * time.Millisecond, Logger: logs})
 		r := newRouter(t, logs)

@@ -4,18 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/millpond/millpond/internal/testdb"
+	"github.com/millpond/millpond/internal/testlog"
 	"github.com/millpond/millpond/outbox"
 )
 
@@ -54,7 +51,7 @@ func TestRedactingLoggerHidesWhatTheRouterPrints(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	capture := newLockedCapture()
+	capture := testlog.NewCapture()
 	router, err := message.NewRouter(message.RouterConfig{}, outbox.RedactingLogger(capture))
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +91,7 @@ func TestRedactingLoggerHidesWhatTheRouterPrints(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // the router logs after the handler returns
 	_ = router.Close()
 	var logged strings.Builder
-	for _, lines := range capture.captured() {
+	for _, lines := range capture.Captured() {
 		for _, l := range lines {
 			fmt.Fprintf(&logged, "%s %v %v\n", l.Msg, l.Err, l.Fields)
 		}
@@ -130,7 +127,7 @@ func TestRecovererStackIsStrippedInLogsAndStoredFailures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	capture := newLockedCapture()
+	capture := testlog.NewCapture()
 	router, err := message.NewRouter(message.RouterConfig{}, outbox.RedactingLogger(capture))
 	if err != nil {
 		t.Fatal(err)
@@ -173,7 +170,7 @@ func TestRecovererStackIsStrippedInLogsAndStoredFailures(t *testing.T) {
 	_ = router.Close()
 	var logged strings.Builder
 	var recovered bool
-	for _, lines := range capture.captured() {
+	for _, lines := range capture.Captured() {
 		for _, l := range lines {
 			fmt.Fprintf(&logged, "%s %+v %v\n", l.Msg, l.Err, l.Fields)
 			var p middleware.RecoveredPanicError
@@ -195,61 +192,4 @@ func TestRecovererStackIsStrippedInLogsAndStoredFailures(t *testing.T) {
 	if !recovered {
 		t.Errorf("no logged error is a RecoveredPanicError for errors.As:\n%s", logged.String())
 	}
-}
-
-// lockedCapture is a Watermill capture logger that can be read while the
-// router still logs: a closed router's goroutines log after Close returns
-// (Run's last line, each handler's "Subscriber stopped", the watcher of
-// stopped handlers), and watermill.CaptureLoggerAdapter.Captured returns its
-// live map without a copy, so reading it then races with those writes.
-type lockedCapture struct {
-	mu    *sync.Mutex
-	inner watermill.LoggerAdapter
-	all   *watermill.CaptureLoggerAdapter
-}
-
-func newLockedCapture() lockedCapture {
-	all := watermill.NewCaptureLogger()
-	return lockedCapture{mu: &sync.Mutex{}, inner: all, all: all}
-}
-
-// captured copies what was logged so far, by level.
-func (c lockedCapture) captured() map[watermill.LogLevel][]watermill.CapturedMessage {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := maps.Clone(c.all.Captured())
-	for level, lines := range out {
-		out[level] = slices.Clone(lines)
-	}
-	return out
-}
-
-func (c lockedCapture) Error(msg string, err error, fields watermill.LogFields) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.inner.Error(msg, err, fields)
-}
-
-func (c lockedCapture) Info(msg string, fields watermill.LogFields) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.inner.Info(msg, fields)
-}
-
-func (c lockedCapture) Debug(msg string, fields watermill.LogFields) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.inner.Debug(msg, fields)
-}
-
-func (c lockedCapture) Trace(msg string, fields watermill.LogFields) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.inner.Trace(msg, fields)
-}
-
-func (c lockedCapture) With(fields watermill.LogFields) watermill.LoggerAdapter {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return lockedCapture{mu: c.mu, inner: c.inner.With(fields), all: c.all}
 }
