@@ -307,26 +307,26 @@ func (h *Held) Settle(ctx context.Context, delivered, lease []int64) ([]Receipt,
 		// statement is bounded by ctx instead (the driver closes the
 		// connection of a statement whose context ends), and an ended
 		// ctx stops the settle before its commit.
-		receipts, err := h.settle(ctx, tx, delivered, lease)
-		if err == nil {
-			_, err = tx.ExecContext(ctx, heldRestoreMySQL)
-		}
-		if err == nil {
-			err = context.Cause(ctx)
-		}
-		if err != nil {
-			h.restoreSession(tx)
-			_ = tx.Rollback()
-			return nil, err
-		}
-		if err := tx.Commit(); err != nil {
-			return nil, err
-		}
-		return receipts, nil
+		return h.commit(tx, func() ([]Receipt, error) {
+			receipts, err := h.settle(ctx, tx, delivered, lease)
+			if err == nil {
+				_, err = tx.ExecContext(ctx, heldRestoreMySQL)
+			}
+			if err == nil {
+				err = context.Cause(ctx)
+			}
+			return receipts, err
+		})
 	}
 	stop := context.AfterFunc(ctx, h.end) // ctx bounds the commit too
 	defer stop()
-	receipts, err := h.settle(ctx, tx, delivered, lease)
+	return h.commit(tx, func() ([]Receipt, error) { return h.settle(ctx, tx, delivered, lease) })
+}
+
+// commit runs settle in tx, then commits; when settle fails it gives the
+// session back (restoreSession) and rolls back.
+func (h *Held) commit(tx Tx, settle func() ([]Receipt, error)) ([]Receipt, error) {
+	receipts, err := settle()
 	if err != nil {
 		h.restoreSession(tx)
 		_ = tx.Rollback()
