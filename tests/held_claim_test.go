@@ -2,13 +2,16 @@ package tests
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"slices"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/millpond/millpond/internal/testdb"
 	"github.com/millpond/millpond/outbox"
+	mysqlstore "github.com/millpond/millpond/outbox/mysql"
 )
 
 // TestHeldClaim checks Store.ClaimHeld on PostgreSQL and MariaDB: held
@@ -121,6 +124,45 @@ func TestHeldClaimRestoresTheSession(t *testing.T) {
 		if err := h.Abort(); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestHeldClaimOverServerPreparedStatements: an application's own *sql.DB
+// opened without interpolateParams sends every statement with arguments as
+// a server-side prepared statement; held claims work over it too (their
+// session SET, JSON lists, lease and acknowledgement).
+func TestHeldClaimOverServerPreparedStatements(t *testing.T) {
+	db := testdb.New(t, "mysql")
+	dsn, err := mysqlstore.DSN(db.URL + "?interpolateParams=false")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlDB, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sqlDB.Close() })
+	e := &env{t: t, ctx: context.Background(), db: db}
+	if e.s, err = mysqlstore.New(sqlDB); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.s.Close() })
+	if err := e.s.Migrate(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	prepares := func() int64 {
+		var name string
+		var n int64
+		if err := db.SQL.QueryRowContext(e.ctx, "SHOW GLOBAL STATUS LIKE 'Com_stmt_prepare'").Scan(&name, &n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := prepares()
+	testHeldSettle(t, e)
+	testHeldAbort(t, e)
+	if n := prepares() - before; n < 10 {
+		t.Fatalf("the server prepared %d statements: the store did not use server-side prepared statements", n)
 	}
 }
 
