@@ -2,7 +2,6 @@ package tests
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"slices"
 	"strconv"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/millpond/millpond/internal/testdb"
 	"github.com/millpond/millpond/outbox"
-	mysqlstore "github.com/millpond/millpond/outbox/mysql"
 )
 
 // TestHeldClaim checks Store.ClaimHeld on PostgreSQL and MariaDB: held
@@ -133,20 +131,7 @@ func TestHeldClaimRestoresTheSession(t *testing.T) {
 // session SET, JSON lists, lease and acknowledgement).
 func TestHeldClaimOverServerPreparedStatements(t *testing.T) {
 	db := testdb.New(t, "mysql")
-	dsn, err := mysqlstore.DSN(db.URL + "?interpolateParams=false")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sqlDB, err := sql.Open("mysql", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sqlDB.Close() })
-	e := &env{t: t, ctx: context.Background(), db: db}
-	if e.s, err = mysqlstore.New(sqlDB); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.s.Close() })
+	e := &env{t: t, ctx: context.Background(), db: db, s: mysqlStoreAt(t, db.URL+"?interpolateParams=false", 0)}
 	if err := e.s.Migrate(e.ctx); err != nil {
 		t.Fatal(err)
 	}

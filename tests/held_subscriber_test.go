@@ -76,30 +76,40 @@ func testSubscriberHoldClaims(t *testing.T, dialect string) {
 // quarter).
 func poolStore(t *testing.T, db *testdb.Database, maxConns int, opts ...outbox.Option) *outbox.Store {
 	t.Helper()
-	var s *outbox.Store
 	if db.Dialect == "mysql" {
-		dsn, err := mysqlstore.DSN(db.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sqlDB, err := sql.Open("mysql", dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = sqlDB.Close() })
-		sqlDB.SetMaxOpenConns(maxConns)
-		if s, err = mysqlstore.New(sqlDB, opts...); err != nil {
-			t.Fatal(err)
-		}
-	} else {
-		pool, err := pgxpool.New(context.Background(), db.URL+"&pool_max_conns="+strconv.Itoa(maxConns))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		if s, err = postgres.New(pool, opts...); err != nil {
-			t.Fatal(err)
-		}
+		return mysqlStoreAt(t, db.URL, maxConns, opts...)
+	}
+	pool, err := pgxpool.New(context.Background(), db.URL+"&pool_max_conns="+strconv.Itoa(maxConns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s, err := postgres.New(pool, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// mysqlStoreAt opens a store of its own over a *sql.DB of the MySQL URL
+// (parameters as mysqlstore.DSN reads them) with at most maxConns
+// connections (0: no limit); both are closed at the end of the test.
+func mysqlStoreAt(t *testing.T, url string, maxConns int, opts ...outbox.Option) *outbox.Store {
+	t.Helper()
+	dsn, err := mysqlstore.DSN(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlDB, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sqlDB.Close() })
+	sqlDB.SetMaxOpenConns(maxConns)
+	s, err := mysqlstore.New(sqlDB, opts...)
+	if err != nil {
+		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
 	return s
