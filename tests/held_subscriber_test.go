@@ -199,8 +199,13 @@ func testHeldSubDelivers(t *testing.T, e *env) {
 			t.Errorf("%s delivered %d times", key, k)
 		}
 	}
+	// Every row delivered at its first attempt. (Not every batch need
+	// have been held: when none of the subscription's held batches
+	// settles within heldSlotWait, as on a loaded machine, the next batch
+	// is claimed under a lease, and a leased acknowledgement keeps the
+	// row's claim key.)
 	waitFor(t, "every row delivered at attempt 1", func() bool {
-		return e.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = 'held' AND status = 'delivered' AND attempts = 1 AND delivered_at IS NOT NULL AND claim_key = ''") == n
+		return e.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = 'held' AND status = 'delivered' AND attempts = 1 AND delivered_at IS NOT NULL") == n
 	})
 }
 
