@@ -94,6 +94,12 @@ type Options struct {
 	// operator's own machine, past origin checks and an Authorize that
 	// trusts the client's address; only the Host it names gives it away.
 	Hosts []string
+	// SecureCookie marks the CSRF cookie Secure on every response, for a
+	// UI served over HTTPS by a proxy that terminates TLS and does not say
+	// so. Without it the cookie is Secure when the request came over TLS
+	// or a proxy names https in X-Forwarded-Proto or Forwarded (a browser
+	// then never sends it over plain HTTP).
+	SecureCookie bool
 }
 
 // Handler returns the admin UI over store.
@@ -152,7 +158,7 @@ func Handler(store *outbox.Store, opts Options) (http.Handler, error) {
 		authorize: opts.Authorize,
 		log:       logger,
 		refresh:   refresh,
-		csrf:      csrfGuard{key: key, cookiePath: prefix + "/"},
+		csrf:      csrfGuard{key: key, cookiePath: prefix + "/", secure: opts.SecureCookie},
 		pages:     pages,
 		origins:   http.NewCrossOriginProtection(),
 		hosts:     hosts,

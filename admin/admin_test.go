@@ -339,3 +339,52 @@ func TestDNSRebindingIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestCSRFCookieIsSecureOverHTTPS: the CSRF cookie is Secure when the
+// browser reached the UI over HTTPS (a TLS-terminating proxy says so in
+// X-Forwarded-Proto or Forwarded), or with Options.SecureCookie; over
+// plain HTTP it is not (a browser would not keep a Secure cookie there).
+func TestCSRFCookieIsSecureOverHTTPS(t *testing.T) {
+	f := newFixture(t, "sqlite")
+	plain := f.serve(admin.Options{})
+	forced := f.serve(admin.Options{SecureCookie: true})
+	for _, tc := range []struct {
+		name    string
+		url     string
+		headers map[string]string
+		secure  bool
+	}{
+		{"plain HTTP", plain.URL, nil, false},
+		{"X-Forwarded-Proto https", plain.URL, map[string]string{"X-Forwarded-Proto": "https"}, true},
+		{"X-Forwarded-Proto HTTPS, http", plain.URL, map[string]string{"X-Forwarded-Proto": "HTTPS, http"}, true},
+		{"X-Forwarded-Proto http", plain.URL, map[string]string{"X-Forwarded-Proto": "http"}, false},
+		{"Forwarded proto=https", plain.URL, map[string]string{"Forwarded": `for=192.0.2.60;proto="https";by=203.0.113.43`}, true},
+		{"Forwarded proto=http", plain.URL, map[string]string{"Forwarded": "for=192.0.2.60;proto=http, proto=https"}, false},
+		{"SecureCookie", forced.URL, nil, true},
+	} {
+		req, err := http.NewRequest(http.MethodGet, tc.url+"/dead", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range tc.headers {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		var found bool
+		for _, c := range resp.Cookies() {
+			if c.Name == "millpond_admin_csrf" {
+				found = true
+				if c.Secure != tc.secure || !c.HttpOnly || c.SameSite != http.SameSiteLaxMode {
+					t.Errorf("%s: cookie Secure %v HttpOnly %v SameSite %v, want Secure %v, HttpOnly, Lax", tc.name, c.Secure, c.HttpOnly, c.SameSite, tc.secure)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("%s: GET /dead set no CSRF cookie (status %d)", tc.name, resp.StatusCode)
+		}
+	}
+}

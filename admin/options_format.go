@@ -18,8 +18,8 @@ func (o Options) String() string {
 	if o.CSRFKey != nil {
 		key = dsn.Mask
 	}
-	return fmt.Sprintf("{ReadOnly:%t Prefix:%q Authorize:%s Logger:%s RefreshInterval:%s CSRFKey:%s Hosts:%q}",
-		o.ReadOnly, o.Prefix, setOrNot(o.Authorize != nil), setOrNot(o.Logger != nil), o.RefreshInterval, key, o.Hosts)
+	return fmt.Sprintf("{ReadOnly:%t Prefix:%q Authorize:%s Logger:%s RefreshInterval:%s CSRFKey:%s Hosts:%q SecureCookie:%t}",
+		o.ReadOnly, o.Prefix, setOrNot(o.Authorize != nil), setOrNot(o.Logger != nil), o.RefreshInterval, key, o.Hosts, o.SecureCookie)
 }
 
 func setOrNot(set bool) string {

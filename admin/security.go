@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"net/http"
+	"strings"
 )
 
 // contentSecurityPolicy allows only the embedded script and style sheet:
@@ -41,6 +42,7 @@ const csrfField = "csrf_token"
 type csrfGuard struct {
 	key        []byte
 	cookiePath string
+	secure     bool // Options.SecureCookie
 }
 
 func (g csrfGuard) sign(value string) string {
@@ -61,9 +63,32 @@ func (g csrfGuard) token(w http.ResponseWriter, r *http.Request) string {
 	value := base64.RawURLEncoding.EncodeToString(b)
 	http.SetCookie(w, &http.Cookie{
 		Name: csrfCookie, Value: value, Path: g.cookiePath,
-		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteLaxMode,
+		HttpOnly: true, Secure: g.secure || overHTTPS(r), SameSite: http.SameSiteLaxMode,
 	})
 	return g.sign(value)
+}
+
+// overHTTPS reports whether the browser reached the UI over HTTPS: the
+// request came over TLS, or the proxy in front of it says so in the first
+// entry of X-Forwarded-Proto or of Forwarded (RFC 7239). A client that
+// forges either changes only its own cookie (another site cannot set these
+// headers on a browser's request).
+func overHTTPS(r *http.Request) bool {
+	if r.TLS != nil {
+		return true
+	}
+	if v := r.Header.Get("X-Forwarded-Proto"); v != "" {
+		first, _, _ := strings.Cut(v, ",")
+		return strings.EqualFold(strings.TrimSpace(first), "https")
+	}
+	first, _, _ := strings.Cut(r.Header.Get("Forwarded"), ",")
+	for pair := range strings.SplitSeq(first, ";") {
+		name, value, _ := strings.Cut(strings.TrimSpace(pair), "=")
+		if strings.EqualFold(name, "proto") {
+			return strings.EqualFold(strings.Trim(value, `"`), "https")
+		}
+	}
+	return false
 }
 
 // valid reports whether the parsed form's token matches the cookie.
