@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Core runs the outbox statements of one dialect against one database.
@@ -158,15 +159,104 @@ func encodeMetadata(md map[string]string) (string, error) {
 	return string(b), nil
 }
 
+// decodeMetadata decodes a metadata column: a JSON object of strings, as
+// encodeMetadata wrote it. Every claimed event's metadata is decoded, so an
+// object whose strings hold no escape is read directly, its keys and
+// values substrings of text (encoding/json allocated about nine objects
+// for one entry, this two); anything else goes to encoding/json, and the
+// result is the same either way (FuzzDecodeMetadata).
 func decodeMetadata(text string) (map[string]string, error) {
-	md := map[string]string{}
 	if text == "" || text == "{}" {
+		return map[string]string{}, nil
+	}
+	if md, ok := decodePlainObject(text); ok {
 		return md, nil
 	}
+	md := map[string]string{}
 	if err := json.Unmarshal([]byte(text), &md); err != nil {
 		return nil, fmt.Errorf("decode metadata: %w", err)
 	}
 	return md, nil
+}
+
+// decodePlainObject reads a JSON object of strings that hold no escape,
+// control character or invalid UTF-8 (for these encoding/json's reading
+// differs from the text: json.Marshal writes quotes, backslashes, control
+// characters, '<', '>', '&', U+2028, U+2029 and invalid UTF-8 as escapes,
+// so what it wrote without one needs no decoding). False: text is not such
+// an object, and encoding/json must read it.
+func decodePlainObject(text string) (map[string]string, bool) {
+	if strings.IndexByte(text, '\\') >= 0 {
+		return nil, false
+	}
+	i := skipJSONSpace(text, 0)
+	if i >= len(text) || text[i] != '{' {
+		return nil, false
+	}
+	md := make(map[string]string, strings.Count(text, `"`)/4)
+	i = skipJSONSpace(text, i+1)
+	if i < len(text) && text[i] == '}' {
+		return md, skipJSONSpace(text, i+1) == len(text)
+	}
+	for {
+		k, next, ok := plainJSONString(text, i)
+		if !ok {
+			return nil, false
+		}
+		i = skipJSONSpace(text, next)
+		if i >= len(text) || text[i] != ':' {
+			return nil, false
+		}
+		v, next, ok := plainJSONString(text, skipJSONSpace(text, i+1))
+		if !ok {
+			return nil, false
+		}
+		md[k] = v
+		i = skipJSONSpace(text, next)
+		if i >= len(text) {
+			return nil, false
+		}
+		switch text[i] {
+		case ',':
+			i = skipJSONSpace(text, i+1)
+		case '}':
+			return md, skipJSONSpace(text, i+1) == len(text)
+		default:
+			return nil, false
+		}
+	}
+}
+
+// plainJSONString reads the JSON string at text[i] (a quote) that holds no
+// escape, control character or invalid UTF-8, and returns it with the
+// index after its closing quote.
+func plainJSONString(text string, i int) (string, int, bool) {
+	if i >= len(text) || text[i] != '"' {
+		return "", i, false
+	}
+	end := strings.IndexByte(text[i+1:], '"')
+	if end < 0 {
+		return "", i, false
+	}
+	s := text[i+1 : i+1+end]
+	for k := 0; k < len(s); k++ {
+		if s[k] < 0x20 {
+			return "", i, false
+		}
+	}
+	if !utf8.ValidString(s) {
+		return "", i, false
+	}
+	return s, i + end + 2, true
+}
+
+// skipJSONSpace returns the index of the first byte at or after i that is
+// not JSON whitespace.
+func skipJSONSpace(text string, i int) int {
+	for i < len(text) && (text[i] == ' ' || text[i] == '\t' || text[i] == '\n' || text[i] == '\r') {
+		i++
+	}
+	return i
 }
 
 // Enqueue records ev inside the caller's open transaction tx: one row for
@@ -595,21 +685,29 @@ func (c *Core) lockDueMySQL(ctx context.Context, tx Tx, req ClaimRequest, due ma
 		if err != nil {
 			return nil, nil, nil, 0, err
 		}
+		// The scan's targets are declared once (each would escape to the
+		// heap, every row); the due ids are rows of the request's stream
+		// and group, which are not read back.
+		var (
+			cl               Claimed
+			status           sql.RawBytes
+			eid, availableAt int64
+		)
+		dest := []any{&cl.ID, &eid, &cl.Attempts, &cl.ClaimKey, &availableAt, &cl.OrderingKey, &cl.OrderingSeq, &status, &now}
 		for rows.Next() {
-			var cl Claimed
-			var status string
-			var eid, availableAt int64
-			if err := rows.Scan(&cl.ID, &cl.Stream, &cl.Group, &eid, &cl.Attempts, &cl.ClaimKey, &availableAt, &cl.OrderingKey, &cl.OrderingSeq, &status, &now); err != nil {
+			cl = Claimed{}
+			if err := rows.Scan(dest...); err != nil {
 				rows.Close()
 				return nil, nil, nil, 0, err
 			}
+			cl.Stream, cl.Group = req.Stream, req.Group
 			// Under DeadLetterSkip an exhausted row with an ordering key is
 			// claimed once more and settled by settleExhausted (see deadAt).
 			if cl.Attempts >= req.MaxAttempts && (req.DeadLetterPolicy == DeadLetterHold || cl.OrderingKey == "") {
 				dead = append(dead, cl.ID)
 				continue
 			}
-			cl.Reclaimed = status == StatusProcessing
+			cl.Reclaimed = string(status) == StatusProcessing
 			out = append(out, cl)
 			eventIDs = append(eventIDs, eid)
 		}

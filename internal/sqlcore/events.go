@@ -36,10 +36,14 @@ func (c *Core) eventsByID(ctx context.Context, ex Executor, ids []int64) (map[in
 		return nil, fmt.Errorf("read claimed events: %w", err)
 	}
 	defer rows.Close()
+	// The scan's targets are declared once: each would escape to the heap,
+	// every row.
+	var id int64
+	var ev eventContent
+	dest := []any{&id, &ev.key, &ev.kind, &ev.payload, &ev.metadata, &ev.created}
 	for rows.Next() {
-		var id int64
-		var ev eventContent
-		if err := rows.Scan(&id, &ev.key, &ev.kind, &ev.payload, &ev.metadata, &ev.created); err != nil {
+		ev = eventContent{}
+		if err := rows.Scan(dest...); err != nil {
 			return nil, err
 		}
 		out[id] = ev

@@ -787,7 +787,9 @@ ON DUPLICATE KEY UPDATE millpond_deliveries.id = millpond_deliveries.id`)
 		s.claimDue = c(`SELECT id FROM millpond_deliveries FORCE INDEX (millpond_deliveries_phase_idx)
 WHERE stream = @stream AND consumer_group = @group AND phase = 1 AND available_at <= @now AND id > @after
 ORDER BY id LIMIT @limit`)
-		s.claimSelect = c(`SELECT ` + claimRowColumns + `, status, @now FROM millpond_deliveries FORCE INDEX (PRIMARY)
+		// Not the stream and group: the ids are due rows of the request's
+		// (each column read is an allocation per row in the driver).
+		s.claimSelect = c(`SELECT id, event_id, attempts, claim_key, available_at, ordering_key, ordering_seq, status, @now FROM millpond_deliveries FORCE INDEX (PRIMARY)
 WHERE status IN ('pending', 'processing') AND available_at <= @now AND id IN ({ids})
 ORDER BY id LIMIT {limit}
 FOR UPDATE SKIP LOCKED`)
