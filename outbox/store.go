@@ -49,6 +49,9 @@ type Store struct {
 	// heldBudget has room for the held claims the store's subscribers
 	// may keep open at once (PostgreSQL and MySQL; see heldBudget).
 	heldBudget chan struct{}
+	// heldDelivery is the message context value of a held event of the
+	// store's subscribers (see subscription.heldContext).
+	heldDelivery any
 
 	dialect  sqlcore.Dialect
 	deferred *deferredOpen // NewDeferred's store: how and whether it opened
@@ -279,6 +282,7 @@ func NewStore(b Backend, opts ...Option) (*Store, error) {
 		return nil, err
 	}
 	s.pool, s.sqlDB, s.closer, s.writes = b.Pool, b.DB, b.Close, gate
+	s.heldDelivery = delivery{store: s, held: true}
 	switch {
 	case b.Pool != nil:
 		s.heldBudget = make(chan struct{}, heldBudget(int(b.Pool.Config().MaxConns)))

@@ -392,8 +392,11 @@ type subscription struct {
 	// leased or ordered events): its next claim starts from the oldest.
 	boundStale atomic.Bool
 	ctx        context.Context // the Subscribe context: values and cancellation
-	stop       chan struct{}   // closed when the subscription must stop claiming
-	out        chan *message.Message
+	// detached is ctx without its cancellation (context.WithoutCancel),
+	// made once: the base of every message's context and database call.
+	detached context.Context
+	stop     chan struct{} // closed when the subscription must stop claiming
+	out      chan *message.Message
 	// started is when Subscribe made the subscription: its claims are
 	// leased until HoldClaimsAfter has passed since.
 	started time.Time
@@ -490,7 +493,7 @@ func (sub *subscription) settledAs(r Receipt) settlement {
 func newSubscription(ctx context.Context, s *Subscriber, topic string) *subscription {
 	s.store.noteGroup(topic, s.config.ConsumerGroup)
 	sub := &subscription{
-		s: s, cfg: &s.config, store: s.store, topic: topic, ctx: ctx,
+		s: s, cfg: &s.config, store: s.store, topic: topic, ctx: ctx, detached: context.WithoutCancel(ctx),
 		started: time.Now(),
 		stop:    make(chan struct{}),
 		out:     make(chan *message.Message),
@@ -830,11 +833,12 @@ func (sub *subscription) deliver(q queued) bool {
 	// cancellation: a router cancels that context as soon as it starts
 	// closing, and a handler already running should be allowed to finish.
 	// It is cancelled once the message is settled or the close timeout ends.
-	ctx, cancel := context.WithCancel(context.WithoutCancel(sub.ctx))
+	ctx, cancel := context.WithCancel(sub.detached)
 	defer cancel()
 	// The consumer span of this handling (see telemetry.go) is the
 	// message context's span; unsettled means released or timed out.
-	ctx, handling := sub.tel.startProcess(ctx, c)
+	var handling handling
+	ctx = sub.tel.startProcess(ctx, c, &handling)
 	unsettled := "released"
 	defer func() { handling.end(unsettled) }()
 	if q.batch != nil {
@@ -937,7 +941,7 @@ func (sub *subscription) queueAck(c Claimed) {
 // subscription still has acks to write and claims to release), but not a
 // hung connection.
 func (sub *subscription) opCtx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(sub.ctx), max(sub.cfg.Lease/2, 5*time.Second))
+	return context.WithTimeout(sub.detached, max(sub.cfg.Lease/2, 5*time.Second))
 }
 
 // forget stops tracking the given claims. An entry the subscription has

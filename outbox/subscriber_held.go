@@ -328,7 +328,8 @@ func (sub *subscription) abortHeld(b *heldBatch) {
 
 // heldContext is the message context's delivery value for a held event: it
 // names the store but has no receipt, since the event has no claim key
-// until its batch settles.
+// until its batch settles. (The value is the same for every held event of
+// the store: boxed once.)
 func (sub *subscription) heldContext(ctx context.Context) context.Context {
-	return context.WithValue(ctx, receiptKey{}, delivery{store: sub.store, held: true})
+	return context.WithValue(ctx, receiptKey{}, sub.store.heldDelivery)
 }

@@ -312,9 +312,13 @@ type subTelemetry struct {
 // kindTelemetry holds the prepared attributes of one kind.
 type kindTelemetry struct {
 	attrs metric.MeasurementOption // stream, group, kind
-	ack   metric.MeasurementOption // ... and outcome ack
-	nack  metric.MeasurementOption // ... and outcome nack
-	span  []attribute.KeyValue     // the consumer span's fixed attributes
+	// The options of each handling's measurements, as slices passed on
+	// whole: an option passed alone to a variadic interface method is put
+	// in a slice of its own, on the heap, at every call.
+	latency []metric.RecordOption // attrs
+	ack     []metric.RecordOption // ... and outcome ack
+	nack    []metric.RecordOption // ... and outcome nack
+	span    []attribute.KeyValue  // the consumer span's fixed attributes
 	// starts holds *spanStart values for this kind's consumer spans.
 	starts sync.Pool
 }
@@ -359,7 +363,9 @@ func (st *subTelemetry) kind(kind string) *kindTelemetry {
 	with := func(extra ...attribute.KeyValue) metric.MeasurementOption {
 		return metric.WithAttributeSet(attribute.NewSet(append(append([]attribute.KeyValue{}, base...), extra...)...))
 	}
-	k := &kindTelemetry{attrs: with(), ack: with(AttrOutcome.String("ack")), nack: with(AttrOutcome.String("nack")),
+	attrs := with()
+	k := &kindTelemetry{attrs: attrs, latency: []metric.RecordOption{attrs},
+		ack: []metric.RecordOption{with(AttrOutcome.String("ack"))}, nack: []metric.RecordOption{with(AttrOutcome.String("nack"))},
 		span: append(append([]attribute.KeyValue{}, base...), semconv.MessagingOperationTypeProcess, semconv.MessagingOperationName("process"))}
 	if len(st.kinds) < maxAttrSets {
 		st.kinds[kind] = k
@@ -443,10 +449,11 @@ type handling struct {
 // startProcess starts the consumer span of one handling, as a child of the
 // producer's span context carried in the event's metadata, unless ctx
 // already carries a span: then that is the parent and the producer's span
-// is linked. It returns the context for the message.
-func (st *subTelemetry) startProcess(ctx context.Context, c Claimed) (context.Context, *handling) {
+// is linked. It fills h (the caller's, which can then stay on its stack)
+// and returns the context for the message.
+func (st *subTelemetry) startProcess(ctx context.Context, c Claimed, h *handling) context.Context {
 	k := st.kind(c.Kind)
-	h := &handling{st: st, kind: k}
+	*h = handling{st: st, kind: k}
 	p := k.spanStart()
 	opts := p.opts
 	if hasTraceContext(c.Metadata) {
@@ -470,7 +477,7 @@ func (st *subTelemetry) startProcess(ctx context.Context, c Claimed) (context.Co
 	ctx, h.span = st.t.tracer.Start(ctx, st.name, opts...)
 	p.attrs[n-2] = semconv.MessagingMessageID("") // drop the id's string
 	k.starts.Put(p)
-	return ctx, h
+	return ctx
 }
 
 // handedOut records the commit-to-handler latency when the handler took
@@ -478,7 +485,7 @@ func (st *subTelemetry) startProcess(ctx context.Context, c Claimed) (context.Co
 func (h *handling) handedOut(ctx context.Context, created time.Time) {
 	h.start = time.Now()
 	if !created.IsZero() {
-		h.st.t.latency.Record(ctx, max(h.start.Sub(created), 0).Seconds(), h.kind.attrs)
+		h.st.t.latency.Record(ctx, max(h.start.Sub(created), 0).Seconds(), h.kind.latency...)
 	}
 }
 
@@ -488,9 +495,9 @@ func (h *handling) settled(ctx context.Context, acked bool) {
 	if acked {
 		// An acked span keeps the status Unset (OK): no attribute is set,
 		// which would cost every handling an attribute merge.
-		h.st.t.handlerTime.Record(ctx, d, h.kind.ack)
+		h.st.t.handlerTime.Record(ctx, d, h.kind.ack...)
 	} else {
-		h.st.t.handlerTime.Record(ctx, d, h.kind.nack)
+		h.st.t.handlerTime.Record(ctx, d, h.kind.nack...)
 		h.span.SetAttributes(AttrOutcome.String("nack"))
 		// The handler's error text may quote business data: not recorded.
 		h.span.SetStatus(codes.Error, "nacked")

@@ -31,7 +31,8 @@ func BenchmarkConsumerSpan(b *testing.B) {
 	c := Claimed{ID: 1, Kind: "K", Metadata: md, CreatedAt: time.Now()}
 	b.ReportAllocs()
 	for b.Loop() {
-		ctx, h := st.startProcess(context.Background(), c)
+		var h handling
+		ctx := st.startProcess(context.Background(), c, &h)
 		h.handedOut(ctx, c.CreatedAt)
 		h.settled(ctx, true)
 		h.end("")
@@ -120,7 +121,8 @@ func TestConsumerSpanAttributesAndParent(t *testing.T) {
 	for w := range 4 {
 		wg.Go(func() {
 			for i := w; i < n; i += 4 {
-				ctx, h := st.startProcess(context.Background(), Claimed{ID: int64(1000 + i), Kind: []string{"A", "B"}[i%2], Attempts: 1 + i%3, Metadata: md})
+				var h handling
+				ctx := st.startProcess(context.Background(), Claimed{ID: int64(1000 + i), Kind: []string{"A", "B"}[i%2], Attempts: 1 + i%3, Metadata: md}, &h)
 				if v := baggage.FromContext(ctx).Member("tenant").Value(); v != "acme" {
 					t.Errorf("baggage tenant = %q", v)
 				}
@@ -132,7 +134,8 @@ func TestConsumerSpanAttributesAndParent(t *testing.T) {
 	// A Subscribe context with a span of its own stays the parent; the
 	// producer's span is linked.
 	own, span := tp.Tracer("test").Start(context.Background(), "subscribe")
-	_, h := st.startProcess(own, Claimed{ID: 5000, Kind: "A", Attempts: 2, Metadata: md})
+	var h handling
+	st.startProcess(own, Claimed{ID: 5000, Kind: "A", Attempts: 2, Metadata: md}, &h)
 	h.end("")
 	span.End()
 
