@@ -1001,9 +1001,10 @@ func (c *Core) queryIDs(ctx context.Context, ex Executor, text string, args []an
 	}
 	defer rows.Close()
 	ids := map[int64]bool{}
+	var id int64
+	dest := []any{&id} // declared once: it would escape to the heap, every row
 	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
+		if err := rows.Scan(dest...); err != nil {
 			return nil, err
 		}
 		ids[id] = true
