@@ -25,21 +25,7 @@ func BenchmarkHeldClaimSettle(b *testing.B) {
 			store := db.Store(b, outbox.WithDeleteOnAck())
 			ctx := context.Background()
 			const n = 1000
-			md := map[string]string{"trace": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
-			next := 0
-			fill := func() {
-				tx, commit, rollback := db.Begin(b)
-				for range n {
-					next++
-					if _, err := store.Enqueue(ctx, tx, outbox.Event{Stream: "s", Key: fmt.Sprintf("e%d", next), Kind: "K", Payload: make([]byte, 200), Metadata: md}); err != nil {
-						rollback()
-						b.Fatal(err)
-					}
-				}
-				if err := commit(); err != nil {
-					b.Fatal(err)
-				}
-			}
+			fill := backlog(b, db, store, n)
 			req := outbox.ClaimRequest{Stream: "s", Worker: "bench", Limit: n, Lease: time.Minute, MaxAttempts: outbox.MaxAttempts}
 			ids := make([]int64, 0, n)
 			b.ReportAllocs()
@@ -78,7 +64,7 @@ func BenchmarkHoldingSubscriber(b *testing.B) {
 			store := db.Store(b, outbox.WithDeleteOnAck(), outbox.WithoutListen())
 			ctx := context.Background()
 			const n = 5000
-			md := map[string]string{"trace": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+			fill := backlog(b, db, store, n)
 			sub, err := outbox.NewSubscriber(store, outbox.SubscriberConfig{BatchSize: 1000, MaxInFlight: 8, HoldClaims: true, HoldClaimsAfter: -1, PollInterval: 5 * time.Millisecond})
 			if err != nil {
 				b.Fatal(err)
@@ -88,21 +74,10 @@ func BenchmarkHoldingSubscriber(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			next := 0
 			b.ReportAllocs()
 			for b.Loop() {
 				b.StopTimer()
-				tx, commit, rollback := db.Begin(b)
-				for range n {
-					next++
-					if _, err := store.Enqueue(ctx, tx, outbox.Event{Stream: "s", Key: fmt.Sprintf("e%d", next), Kind: "K", Payload: make([]byte, 200), Metadata: md}); err != nil {
-						rollback()
-						b.Fatal(err)
-					}
-				}
-				if err := commit(); err != nil {
-					b.Fatal(err)
-				}
+				fill()
 				b.StartTimer()
 				for range n {
 					select {
@@ -115,5 +90,25 @@ func BenchmarkHoldingSubscriber(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n)/1000, "µs/event")
 		})
+	}
+}
+
+// backlog returns a function that enqueues n new events of ~200 bytes,
+// with one metadata entry, on stream "s" in one transaction.
+func backlog(b *testing.B, db *testdb.Database, store *outbox.Store, n int) func() {
+	md := map[string]string{"trace": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+	next := 0
+	return func() {
+		tx, commit, rollback := db.Begin(b)
+		for range n {
+			next++
+			if _, err := store.Enqueue(context.Background(), tx, outbox.Event{Stream: "s", Key: fmt.Sprintf("e%d", next), Kind: "K", Payload: make([]byte, 200), Metadata: md}); err != nil {
+				rollback()
+				b.Fatal(err)
+			}
+		}
+		if err := commit(); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
