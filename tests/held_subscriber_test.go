@@ -207,6 +207,12 @@ func testHeldSubDelivers(t *testing.T, e *env) {
 	waitFor(t, "every row delivered at attempt 1", func() bool {
 		return e.count("SELECT COUNT(*) FROM millpond_deliveries WHERE stream = 'held' AND status = 'delivered' AND attempts = 1 AND delivered_at IS NOT NULL") == n
 	})
+	// The first message's batch was held (checked above) and the message
+	// acked while it was: its row was settled by the held claim, written
+	// once, never under a lease (no claim key).
+	if k := e.count("SELECT COUNT(*) FROM millpond_deliveries d JOIN millpond_events v ON v.id = d.event_id WHERE d.stream = 'held' AND v.event_key = ? AND d.status = 'delivered' AND d.claim_key = ''", first.UUID); k != 1 {
+		t.Errorf("the first message's row (%s), acked while its batch was held, was not settled by the held claim (%d rows delivered without a claim key, want 1)", first.UUID, k)
+	}
 }
 
 // testHeldSubLeasesFirst: a subscription claims under leases until
