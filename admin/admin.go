@@ -97,8 +97,9 @@ type Options struct {
 	// SecureCookie marks the CSRF cookie Secure on every response, for a
 	// UI served over HTTPS by a proxy that terminates TLS and does not say
 	// so. Without it the cookie is Secure when the request came over TLS
-	// or a proxy names https in X-Forwarded-Proto or Forwarded (a browser
-	// then never sends it over plain HTTP).
+	// or a proxy says https in the first entry of X-Forwarded-Proto (or,
+	// without that header, in the proto of Forwarded's first element): a
+	// browser then never sends it over plain HTTP.
 	SecureCookie bool
 }
 
