@@ -828,7 +828,8 @@ func (sub *subscription) deliver(q queued) bool {
 		delete(msg.Metadata, MetadataOrderingKey)
 		delete(msg.Metadata, MetadataOrderingSeq)
 	}
-	msg.Metadata.Set(MetadataEventID, strconv.FormatInt(c.ID, 10))
+	eventID := strconv.FormatInt(c.ID, 10)
+	msg.Metadata.Set(MetadataEventID, eventID)
 	// The message context keeps the Subscribe context's values but not its
 	// cancellation: a router cancels that context as soon as it starts
 	// closing, and a handler already running should be allowed to finish.
@@ -838,7 +839,7 @@ func (sub *subscription) deliver(q queued) bool {
 	// The consumer span of this handling (see telemetry.go) is the
 	// message context's span; unsettled means released or timed out.
 	var handling handling
-	ctx = sub.tel.startProcess(ctx, c, &handling)
+	ctx = sub.tel.startProcess(ctx, c, eventID, &handling)
 	unsettled := "released"
 	defer func() { handling.end(unsettled) }()
 	if q.batch != nil {

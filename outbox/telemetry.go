@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"strconv"
 	"sync"
 	"time"
 
@@ -449,9 +448,10 @@ type handling struct {
 // startProcess starts the consumer span of one handling, as a child of the
 // producer's span context carried in the event's metadata, unless ctx
 // already carries a span: then that is the parent and the producer's span
-// is linked. It fills h (the caller's, which can then stay on its stack)
-// and returns the context for the message.
-func (st *subTelemetry) startProcess(ctx context.Context, c Claimed, h *handling) context.Context {
+// is linked. eventID is c.ID in decimal, as the message's metadata has it.
+// It fills h (the caller's, which can then stay on its stack) and returns
+// the context for the message.
+func (st *subTelemetry) startProcess(ctx context.Context, c Claimed, eventID string, h *handling) context.Context {
 	k := st.kind(c.Kind)
 	*h = handling{st: st, kind: k}
 	p := k.spanStart()
@@ -472,7 +472,7 @@ func (st *subTelemetry) startProcess(ctx context.Context, c Claimed, h *handling
 		}
 	}
 	n := len(p.attrs)
-	p.attrs[n-2] = semconv.MessagingMessageID(strconv.FormatInt(c.ID, 10))
+	p.attrs[n-2] = semconv.MessagingMessageID(eventID)
 	p.attrs[n-1] = AttrAttempt.Int(c.Attempts)
 	ctx, h.span = st.t.tracer.Start(ctx, st.name, opts...)
 	p.attrs[n-2] = semconv.MessagingMessageID("") // drop the id's string

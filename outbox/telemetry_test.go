@@ -32,7 +32,7 @@ func BenchmarkConsumerSpan(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		var h handling
-		ctx := st.startProcess(context.Background(), c, &h)
+		ctx := st.startProcess(context.Background(), c, "1", &h)
 		h.handedOut(ctx, c.CreatedAt)
 		h.settled(ctx, true)
 		h.end("")
@@ -122,7 +122,7 @@ func TestConsumerSpanAttributesAndParent(t *testing.T) {
 		wg.Go(func() {
 			for i := w; i < n; i += 4 {
 				var h handling
-				ctx := st.startProcess(context.Background(), Claimed{ID: int64(1000 + i), Kind: []string{"A", "B"}[i%2], Attempts: 1 + i%3, Metadata: md}, &h)
+				ctx := st.startProcess(context.Background(), Claimed{ID: int64(1000 + i), Kind: []string{"A", "B"}[i%2], Attempts: 1 + i%3, Metadata: md}, strconv.Itoa(1000+i), &h)
 				if v := baggage.FromContext(ctx).Member("tenant").Value(); v != "acme" {
 					t.Errorf("baggage tenant = %q", v)
 				}
@@ -135,7 +135,7 @@ func TestConsumerSpanAttributesAndParent(t *testing.T) {
 	// producer's span is linked.
 	own, span := tp.Tracer("test").Start(context.Background(), "subscribe")
 	var h handling
-	st.startProcess(own, Claimed{ID: 5000, Kind: "A", Attempts: 2, Metadata: md}, &h)
+	st.startProcess(own, Claimed{ID: 5000, Kind: "A", Attempts: 2, Metadata: md}, "5000", &h)
 	h.end("")
 	span.End()
 
