@@ -19,7 +19,7 @@
 //	millpond groups unregister -stream S -group G [-discard [-yes | -dry-run]]
 //	millpond pending reroute -stream S
 //	millpond purge -older-than 168h [-limit N] [-yes | -dry-run]
-//	millpond ui [-addr 127.0.0.1:8081] [-read-only] [-prefix /path] [-hosts names]
+//	millpond ui [-addr 127.0.0.1:8081] [-read-only] [-prefix /path] [-hosts names] [-secure-cookie]
 //	millpond relay -nats URL -stream S[,S…] [-js-stream N] [-subject-prefix P] [-strict] …
 //
 // Every command and command group takes -h. The database comes from -db

@@ -17,7 +17,7 @@ import (
 // operator asks for another address.
 const defaultUIAddr = "127.0.0.1:8081"
 
-const uiUsage = `Usage: millpond ui [-addr 127.0.0.1:8081] [-read-only] [-prefix /path] [-hosts names] [-db URL]
+const uiUsage = `Usage: millpond ui [-addr 127.0.0.1:8081] [-read-only] [-prefix /path] [-hosts names] [-secure-cookie] [-db URL]
 
 Serve the admin web UI: the backlog per stream and consumer group, dead
 letters with their details, event lookup, and requeue, reroute or discard
@@ -27,7 +27,9 @@ on a loopback address (the default) or behind an authenticating proxy.
 It answers requests for IP addresses and for localhost only, unless -hosts
 names the host names it is reached by (a name of an attacker's that
 resolves to this machine would otherwise reach it from your browser).
-Stop it with Ctrl-C.
+Behind a proxy that serves it over HTTPS without saying so in
+X-Forwarded-Proto or Forwarded, -secure-cookie marks its CSRF cookie
+Secure. Stop it with Ctrl-C.
 `
 
 func cmdUI(e *env, args []string) error {
@@ -36,6 +38,7 @@ func cmdUI(e *env, args []string) error {
 	readOnly := fs.Bool("read-only", false, "hide and refuse every action (requeue, reroute, discard, unregister)")
 	prefix := fs.String("prefix", "", "path prefix to serve under, such as /admin (default: the root)")
 	hostList := fs.String("hosts", "", "comma-separated host names the UI answers besides IP addresses, such as ops.example.com or *.example.com (default: localhost)")
+	secureCookie := fs.Bool("secure-cookie", false, "mark the CSRF cookie Secure on every response (a TLS-terminating proxy in front that sets no X-Forwarded-Proto)")
 	dbFlag := addDBFlag(fs)
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -55,7 +58,7 @@ func cmdUI(e *env, args []string) error {
 	if *hostList != "" {
 		hosts = strings.Split(*hostList, ",")
 	}
-	h, err := admin.Handler(s, admin.Options{ReadOnly: *readOnly, Prefix: *prefix, Logger: logger, Hosts: hosts})
+	h, err := admin.Handler(s, admin.Options{ReadOnly: *readOnly, Prefix: *prefix, Logger: logger, Hosts: hosts, SecureCookie: *secureCookie})
 	if err != nil {
 		return usagef("ui: %v", err)
 	}

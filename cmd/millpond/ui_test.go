@@ -61,27 +61,7 @@ func TestUIServes(t *testing.T) {
 	}
 	const password = "ui-s3cret-pw" // the test server trusts local connections and ignores it
 	u.User = url.UserPassword(u.User.Username(), password)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var stdout, stderr lockedBuffer
-	done := make(chan int, 1)
-	go func() {
-		done <- run(ctx, []string{"-db", u.String(), "ui", "-addr", "127.0.0.1:0", "-read-only", "-prefix", "/admin", "-hosts", "ops.example.com"},
-			&stdout, &stderr, func(string) string { return "" })
-	}()
-	var base string
-	for deadline := time.Now().Add(20 * time.Second); base == ""; {
-		if m := servingRE.FindStringSubmatch(stdout.String()); m != nil {
-			base = m[1]
-		} else if time.Now().After(deadline) {
-			t.Fatalf("ui did not start:\n%s\n%s", stdout.String(), stderr.String())
-		}
-		select {
-		case code := <-done:
-			t.Fatalf("ui exited with %d:\n%s\n%s", code, stdout.String(), stderr.String())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	base, stdout, stderr, stop := startUI(t, "-db", u.String(), "ui", "-addr", "127.0.0.1:0", "-read-only", "-prefix", "/admin", "-hosts", "ops.example.com")
 	if !strings.HasPrefix(base, "http://127.0.0.1:") || !strings.HasSuffix(base, "/admin/") {
 		t.Fatalf("serving at %q", base)
 	}
@@ -109,15 +89,7 @@ func TestUIServes(t *testing.T) {
 			t.Errorf("GET %s for host %s: %d, want %d", base, host, resp.StatusCode, want)
 		}
 	}
-	cancel()
-	select {
-	case code := <-done:
-		if code != exitOK {
-			t.Fatalf("ui exited with %d: %s", code, stderr.String())
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("ui did not stop")
-	}
+	stop()
 	for _, out := range []string{stdout.String(), stderr.String(), string(body)} {
 		if strings.Contains(out, password) {
 			t.Fatalf("the password was printed: %s", out)
@@ -125,6 +97,78 @@ func TestUIServes(t *testing.T) {
 	}
 	if strings.Contains(stderr.String(), "warning") {
 		t.Errorf("a loopback address drew a warning: %s", stderr.String())
+	}
+}
+
+// startUI runs millpond with args (a "ui" command listening on
+// 127.0.0.1:0) until the test ends or stop is called, and returns the
+// address it serves at; stop fails the test unless it exits cleanly.
+func startUI(t *testing.T, args ...string) (base string, stdout, stderr *lockedBuffer, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	stdout, stderr = &lockedBuffer{}, &lockedBuffer{}
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, args, stdout, stderr, func(string) string { return "" }) }()
+	for deadline := time.Now().Add(20 * time.Second); base == ""; {
+		if m := servingRE.FindStringSubmatch(stdout.String()); m != nil {
+			base = m[1]
+		} else if time.Now().After(deadline) {
+			t.Fatalf("ui did not start:\n%s\n%s", stdout.String(), stderr.String())
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("ui exited with %d:\n%s\n%s", code, stdout.String(), stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	stop = func() {
+		t.Helper()
+		cancel()
+		select {
+		case code := <-done:
+			if code != exitOK {
+				t.Fatalf("ui exited with %d: %s", code, stderr.String())
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("ui did not stop")
+		}
+	}
+	return base, stdout, stderr, stop
+}
+
+// TestUISecureCookie: with -secure-cookie the UI's CSRF cookie is Secure
+// even over plain HTTP (a TLS-terminating proxy in front that says
+// nothing); without it, over plain HTTP, it is not.
+func TestUISecureCookie(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ui.db")
+	if code, _, stderr := cli(t, nil, "-db", "sqlite:"+path, "migrate"); code != exitOK {
+		t.Fatalf("migrate: %d %s", code, stderr)
+	}
+	for _, secure := range []bool{false, true} {
+		args := []string{"-db", "sqlite:" + path, "ui", "-addr", "127.0.0.1:0"}
+		if secure {
+			args = append(args, "-secure-cookie")
+		}
+		base, _, _, stop := startUI(t, args...)
+		resp, err := http.Get(base + "dead")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		var found bool
+		for _, c := range resp.Cookies() {
+			if c.Name == "millpond_admin_csrf" {
+				found = true
+				if c.Secure != secure {
+					t.Errorf("-secure-cookie %v: the CSRF cookie's Secure is %v", secure, c.Secure)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("-secure-cookie %v: GET %sdead (%d) set no CSRF cookie", secure, base, resp.StatusCode)
+		}
+		stop()
 	}
 }
 
