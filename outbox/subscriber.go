@@ -388,8 +388,9 @@ type subscription struct {
 	store *Store
 	topic string
 	// boundStale tells claimLoop that rows below its claim bound may be
-	// due again (a held batch aborted, lost, or settled with failed,
-	// leased or ordered events): its next claim starts from the oldest.
+	// due again (a Nack recorded, ordered acks written, a held batch
+	// aborted, lost, or settled with failed, leased or ordered events):
+	// its next claim starts from the oldest.
 	boundStale atomic.Bool
 	ctx        context.Context // the Subscribe context: values and cancellation
 	// detached is ctx without its cancellation (context.WithoutCancel),
@@ -555,6 +556,10 @@ func (sub *subscription) run() {
 	close(sub.out)
 }
 
+// claimBoundAge is the longest a subscription's claim bound stands (see
+// claimLoop): a row below it waits at most that long for a claim.
+const claimBoundAge = 250 * time.Millisecond
+
 // claimLoop claims as many events as the queue has room for. A wake-up
 // for events that are claimable now (a NOTIFY, an ordered ack committed)
 // claims at once. After an enqueue of this process (whose transaction has
@@ -581,17 +586,20 @@ func (sub *subscription) claimLoop() {
 		Multiplier:          2,
 		MaxInterval:         5 * time.Second,
 	}
-	// A holding subscription's rows stay due while their batch is held,
-	// so every claim would read them again on its way to the due ones
-	// (and on MySQL try to lock each one). Over a backlog (claims that
-	// come back full) its claims therefore start after the largest id of
-	// the last one (ClaimRequest.After). Rows below can become due
-	// meanwhile (a retry, an expired lease, a key's next event, another
-	// process's aborted batch): the bound is dropped when a claim comes
-	// back short or fails, when one of its own batches leaves rows due or
-	// pending (boundStale), and at the latest heldBoundAge after it was
-	// set from the oldest, so such a row waits at most that long, and only
-	// during a backlog.
+	// The rows a subscription has claimed and not yet settled stay in the
+	// claim index: a holding subscription's rows stay due while their
+	// batch is held, and a leased one's are not due but are still read,
+	// each one, by every claim on its way to the due ones (and on MySQL a
+	// holding subscription's claim tries to lock each one). Over a backlog
+	// (claims that come back full) claims therefore start after the
+	// largest id of the last one (ClaimRequest.After). Rows below can
+	// become due meanwhile (a retry, an expired lease, a key's next event,
+	// a late commit, another process's aborted batch): the bound is
+	// dropped when a claim comes back short or fails, when this
+	// subscription records a Nack, writes ordered acks or ends a held
+	// batch that leaves rows due or pending (boundStale), and at the
+	// latest claimBoundAge after it was set from the oldest, so such a row
+	// waits at most that long, and only during a backlog.
 	var after int64
 	var afterSince time.Time
 	for {
@@ -625,12 +633,10 @@ func (sub *subscription) claimLoop() {
 			Limit: limit, Lease: sub.cfg.Lease, MaxAttempts: sub.cfg.MaxAttempts,
 			DeadLetterPolicy: sub.cfg.DeadLetterPolicy,
 		}
-		if sub.holding() {
-			if sub.boundStale.Swap(false) || after != 0 && time.Since(afterSince) >= heldBoundAge {
-				after = 0
-			}
-			req.After = after
+		if sub.boundStale.Swap(false) || after != 0 && time.Since(afterSince) >= claimBoundAge {
+			after = 0
 		}
+		req.After = after
 		var claimed []Claimed
 		var batch *heldBatch
 		var err error
@@ -645,17 +651,15 @@ func (sub *subscription) claimLoop() {
 			cancel()
 		}
 		noteOutcome(&sub.claimFailing, err)
-		if sub.holding() {
-			if err == nil && limit > 0 && len(claimed) == limit {
-				if after == 0 {
-					afterSince = time.Now()
-				}
-				for _, c := range claimed {
-					after = max(after, c.ID)
-				}
-			} else {
-				after = 0
+		if err == nil && limit > 0 && len(claimed) == limit {
+			if after == 0 {
+				afterSince = time.Now()
 			}
+			for _, c := range claimed {
+				after = max(after, c.ID)
+			}
+		} else {
+			after = 0
 		}
 		if err != nil {
 			// A wake-up cuts the wait short.
@@ -984,6 +988,9 @@ func (sub *subscription) fail(c Claimed, msg *message.Message) {
 			sub.logger.Info("Event dead-lettered at the attempt limit", watermill.LogFields{"event_id": c.ID, "attempts": c.Attempts})
 		}
 		if err == nil {
+			// The event is due again after its backoff, below the claim
+			// bound (see claimLoop).
+			sub.boundStale.Store(true)
 			sub.tel.failed(ctx, c.Kind, out.DeadLettered)
 			if out.DeadLettered && c.OrderingKey != "" {
 				// Under DeadLetterSkip the key's next event became
@@ -1279,6 +1286,9 @@ func (sub *subscription) flushAcks(batch []Receipt) {
 		// over (a claim would find nothing more; handOver is false after
 		// a failed write).
 		defer func() {
+			// Keys' next events not handed over became pending, below
+			// the claim bound (see claimLoop).
+			sub.boundStale.Store(true)
 			sub.orderedAcks.Add(-int64(ordered))
 			if !handOver {
 				sub.store.wake.notifyGroup(sub.topic, sub.cfg.ConsumerGroup)

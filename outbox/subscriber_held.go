@@ -76,10 +76,6 @@ const (
 // holding reports whether the subscription holds its claims.
 func (sub *subscription) holding() bool { return sub.slots != nil }
 
-// heldBoundAge is the longest a holding subscription's claim bound stands
-// (see claimLoop): a row below it waits at most that long for a claim.
-const heldBoundAge = 250 * time.Millisecond
-
 // claimHeld takes a held claim of up to req.Limit events and returns its
 // batch. When none of the subscription's slots frees up within heldSlotWait,
 // or the store has no room for another held claim, it claims under a lease

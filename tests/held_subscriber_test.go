@@ -548,9 +548,20 @@ func keyedEvents(stream string, n int) []outbox.Event {
 // bound, is still delivered again while the backlog is being worked
 // through, not after it.
 func testHeldSubRetryDuringBacklog(t *testing.T, e *env) {
+	testRetryDuringBacklog(t, e, func(cfg outbox.SubscriberConfig) <-chan *message.Message {
+		_, msgs := heldSubscribe(t, e, "held", cfg)
+		return msgs
+	})
+}
+
+// testRetryDuringBacklog: an event nacked early, whose retry is due below
+// the claim bound of the Subscriber that subscribe returns (stream
+// "held"), is delivered again while the backlog is being worked through,
+// not after it.
+func testRetryDuringBacklog(t *testing.T, e *env, subscribe func(outbox.SubscriberConfig) <-chan *message.Message) {
 	const n = 1500
 	e.enqueueAll(keyedEvents("held", n)...)
-	_, msgs := heldSubscribe(t, e, "held", outbox.SubscriberConfig{
+	msgs := subscribe(outbox.SubscriberConfig{
 		BatchSize: 100, MaxInFlight: 4, Backoff: func(int) time.Duration { return 10 * time.Millisecond },
 	})
 	seen := map[string]bool{}

@@ -1,0 +1,105 @@
+package tests
+
+import (
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millpond/millpond/internal/testdb"
+	"github.com/millpond/millpond/outbox"
+)
+
+// TestLeasedSubscriberClaimBound: over a backlog a leased Subscriber's
+// claims start after its last full claim (ClaimRequest.After), so they do
+// not read again the rows it has claimed and not yet acknowledged. Events
+// that become due below that bound are still delivered while the backlog
+// is being worked through, not after it: a retry of its own Nack (the
+// Nack drops the bound, so a retry without backoff comes at once) and an
+// event whose lease, taken by another
+// consumer, expires (the bound stands at most a quarter of a second).
+func TestLeasedSubscriberClaimBound(t *testing.T) {
+	for _, dialect := range testdb.Dialects {
+		t.Run(dialect, func(t *testing.T) {
+			t.Parallel()
+			t.Run("RetryDuringBacklog", func(t *testing.T) {
+				t.Parallel()
+				e := newEnv(t, dialect, false)
+				testRetryDuringBacklog(t, e, func(cfg outbox.SubscriberConfig) <-chan *message.Message {
+					_, msgs := subscribe(t, e.s, cfg, "held")
+					return msgs
+				})
+			})
+			t.Run("ImmediateRetryDuringBacklog", func(t *testing.T) {
+				t.Parallel()
+				testImmediateRetryDuringBacklog(t, newEnv(t, dialect, false))
+			})
+			t.Run("ExpiredLeaseDuringBacklog", func(t *testing.T) {
+				t.Parallel()
+				testExpiredLeaseDuringBacklog(t, newEnv(t, dialect, false))
+			})
+		})
+	}
+}
+
+// testExpiredLeaseDuringBacklog: another consumer claims the oldest event
+// under a short lease and never settles it; a Subscriber working through
+// the backlog behind it gets that event once the lease has expired, during
+// the backlog.
+func testExpiredLeaseDuringBacklog(t *testing.T, e *env) {
+	const n = 3000
+	e.enqueueAll(keyedEvents("bound", n)...)
+	got, err := e.s.Claim(e.ctx, outbox.ClaimRequest{Stream: "bound", Worker: "gone", Limit: 1, Lease: time.Second, MaxAttempts: outbox.MaxAttempts})
+	if err != nil || len(got) != 1 || got[0].Key != "k0000" {
+		t.Fatalf("claim of the oldest event: %v, %v", got, err)
+	}
+	_, msgs := subscribe(t, e.s, outbox.SubscriberConfig{BatchSize: 100, MaxInFlight: 4}, "bound")
+	seen := map[string]bool{}
+	expiredAfter := -1
+	for len(seen) < n {
+		m := receive(t, msgs, 10*time.Second)
+		if m.UUID == "k0000" {
+			expiredAfter = len(seen)
+		}
+		seen[m.UUID] = true
+		time.Sleep(time.Millisecond) // about 4 s of backlog
+		m.Ack()
+	}
+	if expiredAfter < 0 || expiredAfter > n*7/10 {
+		t.Fatalf("the event whose lease expired came after %d of %d events were handled, want it during the backlog", expiredAfter, n)
+	}
+	t.Logf("the event whose lease expired came after %d of %d events", expiredAfter, n)
+}
+
+// testImmediateRetryDuringBacklog: a Nack drops the claim bound, so an
+// event retried without backoff comes again within the next claim, not
+// when the bound has aged out (a quarter of a second: about 150 events
+// here).
+func testImmediateRetryDuringBacklog(t *testing.T, e *env) {
+	const n = 1000
+	e.enqueueAll(keyedEvents("bound", n)...)
+	_, msgs := subscribe(t, e.s, outbox.SubscriberConfig{
+		BatchSize: 10, MaxInFlight: 1, Backoff: func(int) time.Duration { return 0 },
+	}, "bound")
+	var nackedAt, retriedAt int
+	for i := 0; retriedAt == 0; i++ {
+		if i == n {
+			t.Fatal("the nacked event did not come again")
+		}
+		m := receive(t, msgs, 10*time.Second)
+		time.Sleep(1500 * time.Microsecond)
+		switch {
+		case m.UUID == "k0300" && nackedAt == 0:
+			nackedAt = i
+			m.Nack()
+			continue
+		case m.UUID == "k0300":
+			retriedAt = i
+		}
+		m.Ack()
+	}
+	if retriedAt-nackedAt > 40 {
+		t.Fatalf("the event nacked at message %d came again at message %d, want within the next claims", nackedAt, retriedAt)
+	}
+	t.Logf("the event nacked at message %d came again at message %d", nackedAt, retriedAt)
+}
