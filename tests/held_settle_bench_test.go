@@ -64,18 +64,9 @@ func BenchmarkHoldingSubscriber(b *testing.B) {
 		b.Run(dialect, func(b *testing.B) {
 			db := testdb.New(b, dialect)
 			store := db.Store(b, outbox.WithDeleteOnAck(), outbox.WithoutListen())
-			ctx := context.Background()
 			const n = 5000
 			fill := backlog(b, db, store, n, 0)
-			sub, err := outbox.NewSubscriber(store, outbox.SubscriberConfig{BatchSize: 1000, MaxInFlight: 8, HoldClaims: true, HoldClaimsAfter: -1, PollInterval: 5 * time.Millisecond})
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { _ = sub.Close() })
-			msgs, err := sub.Subscribe(ctx, "s")
-			if err != nil {
-				b.Fatal(err)
-			}
+			msgs := benchSubscribe(b, store, outbox.SubscriberConfig{BatchSize: 1000, MaxInFlight: 8, HoldClaims: true, HoldClaimsAfter: -1, PollInterval: 5 * time.Millisecond})
 			drain(b, msgs, n, fill)
 		})
 	}
@@ -100,22 +91,28 @@ func BenchmarkOrderedSubscriber(b *testing.B) {
 			b.Run(name, func(b *testing.B) {
 				db := testdb.New(b, dialect)
 				store := db.Store(b)
-				ctx := context.Background()
 				const n = 5000
 				fill := backlog(b, db, store, n, keys)
-				sub, err := outbox.NewSubscriber(store, outbox.SubscriberConfig{BatchSize: 1000, MaxInFlight: 8, PollInterval: 5 * time.Millisecond})
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(func() { _ = sub.Close() })
-				msgs, err := sub.Subscribe(ctx, "s")
-				if err != nil {
-					b.Fatal(err)
-				}
+				msgs := benchSubscribe(b, store, outbox.SubscriberConfig{BatchSize: 1000, MaxInFlight: 8, PollInterval: 5 * time.Millisecond})
 				drain(b, msgs, n, fill)
 			})
 		}
 	}
+}
+
+// benchSubscribe subscribes a Subscriber of cfg to stream "s"; it is
+// closed at the end of the benchmark.
+func benchSubscribe(b *testing.B, store *outbox.Store, cfg outbox.SubscriberConfig) <-chan *message.Message {
+	sub, err := outbox.NewSubscriber(store, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = sub.Close() })
+	msgs, err := sub.Subscribe(context.Background(), "s")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return msgs
 }
 
 // drain times, per iteration, the delivery of a backlog that fill
