@@ -388,9 +388,10 @@ type subscription struct {
 	store *Store
 	topic string
 	// boundStale tells claimLoop that rows below its claim bound may be
-	// due again (a Nack recorded, ordered acks written, a held batch
-	// aborted, lost, or settled with failed, leased or ordered events):
-	// its next claim starts from the oldest.
+	// due again (a Nack recorded, ordered acks written or acknowledged in
+	// a handler's transaction, a held batch aborted, lost, or settled with
+	// failed, leased or ordered events): its next claim starts from the
+	// oldest.
 	boundStale atomic.Bool
 	ctx        context.Context // the Subscribe context: values and cancellation
 	// detached is ctx without its cancellation (context.WithoutCancel),
@@ -596,8 +597,9 @@ func (sub *subscription) claimLoop() {
 	// become due meanwhile (a retry, an expired lease, a key's next event,
 	// a late commit, another process's aborted batch): the bound is
 	// dropped when a claim comes back short or fails, when this
-	// subscription records a Nack, writes ordered acks or ends a held
-	// batch that leaves rows due or pending (boundStale), and at the
+	// subscription records a Nack, writes ordered acks (or sees one
+	// acknowledged in the handler's transaction) or ends a held batch
+	// that leaves rows due or pending (boundStale), and at the
 	// latest claimBoundAge after it was set from the oldest, so such a row
 	// waits at most that long, and only during a backlog.
 	var after int64
@@ -889,7 +891,9 @@ func (sub *subscription) deliver(q queued) bool {
 				sub.tel.acknowledged(ctx, c.Kind, 1)
 				sub.forget(c.Receipt())
 				if c.OrderingKey != "" {
-					// That commit made the key's next event claimable.
+					// That commit made the key's next event claimable,
+					// below the claim bound (see claimLoop).
+					sub.boundStale.Store(true)
 					sub.store.wake.notifyGroup(sub.topic, sub.cfg.ConsumerGroup)
 				}
 				return true

@@ -17,7 +17,9 @@ import (
 // is being worked through, not after it: a retry of its own Nack (the
 // Nack drops the bound, so a retry without backoff comes at once) and an
 // event whose lease, taken by another
-// consumer, expires (the bound stands at most a quarter of a second).
+// consumer, expires (the bound stands at most a quarter of a second), and
+// the next event of a key whose head the handler acknowledged in its own
+// transaction (that acknowledgement drops the bound too).
 func TestLeasedSubscriberClaimBound(t *testing.T) {
 	for _, dialect := range testdb.Dialects {
 		t.Run(dialect, func(t *testing.T) {
@@ -37,6 +39,10 @@ func TestLeasedSubscriberClaimBound(t *testing.T) {
 			t.Run("ExpiredLeaseDuringBacklog", func(t *testing.T) {
 				t.Parallel()
 				testExpiredLeaseDuringBacklog(t, newEnv(t, dialect, false))
+			})
+			t.Run("OrderedAckInTxDuringBacklog", func(t *testing.T) {
+				t.Parallel()
+				testOrderedAckInTxDuringBacklog(t, newEnv(t, dialect, false))
 			})
 		})
 	}
@@ -102,4 +108,45 @@ func testImmediateRetryDuringBacklog(t *testing.T, e *env) {
 		t.Fatalf("the event nacked at message %d came again at message %d, want within the next claims", nackedAt, retriedAt)
 	}
 	t.Logf("the event nacked at message %d came again at message %d", nackedAt, retriedAt)
+}
+
+// testOrderedAckInTxDuringBacklog: the handler acknowledges the head of an
+// ordering key in its own transaction (AcknowledgeMessageInTx), which makes
+// the key's next event pending below the claim bound that the backlog's
+// first claim set; that acknowledgement drops the bound, so the next event
+// comes within the next claims, not when the bound has aged out (a quarter
+// of a second: about 150 events here).
+func testOrderedAckInTxDuringBacklog(t *testing.T, e *env) {
+	const n = 1000
+	head, next := event("bound", "o1"), event("bound", "o2")
+	head.OrderingKey, next.OrderingKey = "o", "o"
+	e.enqueueAll(append([]outbox.Event{head, next}, keyedEvents("bound", n)...)...)
+	_, msgs := subscribe(t, e.s, outbox.SubscriberConfig{BatchSize: 10, MaxInFlight: 1}, "bound")
+	headAt, nextAt := -1, -1
+	for i := 0; nextAt < 0; i++ {
+		if i == n+2 {
+			t.Fatal("the key's next event did not come")
+		}
+		m := receive(t, msgs, 10*time.Second)
+		time.Sleep(1500 * time.Microsecond)
+		switch m.UUID {
+		case "o1":
+			headAt = i
+			tx, commit, rollback := e.db.Begin(t)
+			if err := outbox.AcknowledgeMessageInTx(e.ctx, tx, m); err != nil {
+				rollback()
+				t.Fatal(err)
+			}
+			if err := commit(); err != nil {
+				t.Fatal(err)
+			}
+		case "o2":
+			nextAt = i
+		}
+		m.Ack()
+	}
+	if headAt < 0 || nextAt-headAt > 40 {
+		t.Fatalf("the head acknowledged in the handler's transaction came at message %d, the key's next event at message %d, want within the next claims", headAt, nextAt)
+	}
+	t.Logf("the head acknowledged in the handler's transaction came at message %d, the key's next event at message %d", headAt, nextAt)
 }
