@@ -243,11 +243,11 @@ type ClaimRequest struct {
 	// 0 (the default) claims from the oldest, negative is ErrInvalidID. A
 	// claimer that holds many claimed events and keeps finding full
 	// batches can pass the largest id of its last claim, so that the next
-	// claim does not step over the events it holds (the relay does; see
-	// docs/architecture.md). Events below the bound that become due (late
-	// commits, retries, expired leases) wait until a claim without it:
-	// such a claimer must drop it now and then. AcknowledgeAndClaimNext
-	// ignores it.
+	// claim does not step over the events it holds (the relay and the
+	// Subscriber, leased or holding, do; see docs/architecture.md). Events
+	// below the bound that become due (late commits, retries, expired
+	// leases) wait until a claim without it: such a claimer must drop it
+	// now and then. AcknowledgeAndClaimNext ignores it.
 	After int64
 }
 
