@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -12,7 +13,9 @@ import (
 
 // TestLeasedSubscriberClaimBound: over a backlog a leased Subscriber's
 // claims start after its last full claim (ClaimRequest.After), so they do
-// not read again the rows it has claimed and not yet acknowledged. Events
+// not read again the rows it has claimed and not yet acknowledged (rows
+// another consumer makes due below the bound wait for it to age out).
+// Events
 // that become due below that bound are still delivered while the backlog
 // is being worked through, not after it: a retry of its own Nack (the
 // Nack drops the bound, so a retry without backoff comes at once) and an
@@ -40,12 +43,66 @@ func TestLeasedSubscriberClaimBound(t *testing.T) {
 				t.Parallel()
 				testExpiredLeaseDuringBacklog(t, newEnv(t, dialect, false))
 			})
+			t.Run("ClaimsStartAboveTheBound", func(t *testing.T) {
+				t.Parallel()
+				testClaimsStartAboveTheBound(t, newEnv(t, dialect, false))
+			})
 			t.Run("OrderedAckInTxDuringBacklog", func(t *testing.T) {
 				t.Parallel()
 				testOrderedAckInTxDuringBacklog(t, newEnv(t, dialect, false))
 			})
 		})
 	}
+}
+
+// testClaimsStartAboveTheBound shows the bound at work: another consumer
+// holds the eight oldest events and, during the backlog, fails them one at
+// a time without backoff, which the Subscriber is not told of. Claimed
+// from the oldest, each would come within the next claim (about one queue
+// of 10 messages later); claims that start above the bound leave it until
+// the bound ages out (up to 250 ms, here up to about 150 messages), so
+// with eight tries at least one must come more than 20 messages late
+// (however slow the machine, a try lands within 20 messages of the
+// bound's end with a probability well under a half), and every one within
+// a second.
+func testClaimsStartAboveTheBound(t *testing.T, e *env) {
+	const n, tries = 2000, 8
+	e.enqueueAll(keyedEvents("bound", n)...)
+	held, err := e.s.Claim(e.ctx, outbox.ClaimRequest{Stream: "bound", Worker: "other", Limit: tries, Lease: time.Hour, MaxAttempts: outbox.MaxAttempts})
+	if err != nil || len(held) != tries {
+		t.Fatalf("claim of the %d oldest events: %d, %v", tries, len(held), err)
+	}
+	_, msgs := subscribe(t, e.s, outbox.SubscriberConfig{BatchSize: 10, MaxInFlight: 1}, "bound")
+	failedAt := map[string]int{}          // key -> message count when it was failed
+	failedSince := map[string]time.Time{} // key -> when
+	gaps := []int{}
+	next := 0
+	for i := 0; len(gaps) < tries; i++ {
+		if i == n {
+			t.Fatalf("only %d of the %d failed events came back", len(gaps), tries)
+		}
+		if i == 200+200*next && next < tries {
+			c := held[next]
+			if _, err := e.s.Fail(e.ctx, c.Receipt(), outbox.Failure{Reason: "other consumer gave up", MaxAttempts: outbox.MaxAttempts}); err != nil {
+				t.Fatal(err)
+			}
+			failedAt[c.Key], failedSince[c.Key] = i, time.Now()
+			next++
+		}
+		m := receive(t, msgs, 10*time.Second)
+		if at, ok := failedAt[m.UUID]; ok {
+			gaps = append(gaps, i-at)
+			if d := time.Since(failedSince[m.UUID]); d > time.Second {
+				t.Errorf("%s came %s after it was failed, want within the bound's 250 ms (and a second of slack)", m.UUID, d)
+			}
+		}
+		time.Sleep(1500 * time.Microsecond)
+		m.Ack()
+	}
+	if slices.Max(gaps) <= 20 {
+		t.Fatalf("events made due below the bound came %v messages later: the claims did not start above the bound", gaps)
+	}
+	t.Logf("events made due below the bound came %v messages later", gaps)
 }
 
 // testExpiredLeaseDuringBacklog: another consumer claims the oldest event
