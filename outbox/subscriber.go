@@ -19,6 +19,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/cenkalti/backoff/v5"
 
+	"github.com/millpond/millpond/internal/claimbound"
 	"github.com/millpond/millpond/internal/sqlcore"
 )
 
@@ -387,13 +388,13 @@ type subscription struct {
 	cfg   *SubscriberConfig
 	store *Store
 	topic string
-	// boundStale tells claimLoop that rows below its claim bound may be
-	// due again (a Nack recorded, ordered acks written or acknowledged in
-	// a handler's transaction, a held batch aborted, lost, or settled with
-	// failed, leased or ordered events): its next claim starts from the
-	// oldest.
-	boundStale atomic.Bool
-	ctx        context.Context // the Subscribe context: values and cancellation
+	// bound is the lower bound of claimLoop's claims over a backlog (see
+	// claimLoop): dropped, or told a retry's due time, by what makes rows
+	// due below it (a Nack recorded, ordered acks written or acknowledged
+	// in a handler's transaction, a held batch aborted, lost, or settled
+	// with failed, leased or ordered events).
+	bound claimbound.Bound
+	ctx   context.Context // the Subscribe context: values and cancellation
 	// detached is ctx without its cancellation (context.WithoutCancel),
 	// made once: the base of every message's context and database call.
 	detached context.Context
@@ -557,10 +558,6 @@ func (sub *subscription) run() {
 	close(sub.out)
 }
 
-// claimBoundAge is the longest a subscription's claim bound stands (see
-// claimLoop): a row below it waits at most that long for a claim.
-const claimBoundAge = 250 * time.Millisecond
-
 // claimLoop claims as many events as the queue has room for. A wake-up
 // for events that are claimable now (a NOTIFY, an ordered ack committed)
 // claims at once. After an enqueue of this process (whose transaction has
@@ -593,17 +590,15 @@ func (sub *subscription) claimLoop() {
 	// each one, by every claim on its way to the due ones (and on MySQL a
 	// holding subscription's claim tries to lock each one). Over a backlog
 	// (claims that come back full) claims therefore start after the
-	// largest id of the last one (ClaimRequest.After). Rows below can
-	// become due meanwhile (a retry, an expired lease, a key's next event,
-	// a late commit, another process's aborted batch): the bound is
-	// dropped when a claim comes back short or fails, when this
-	// subscription records a Nack, writes ordered acks (or sees one
-	// acknowledged in the handler's transaction) or ends a held batch
-	// that leaves rows due or pending (boundStale), and at the
-	// latest claimBoundAge after it was set from the oldest, so such a row
-	// waits at most that long, and only during a backlog.
-	var after int64
-	var afterSince time.Time
+	// largest id of the last one (ClaimRequest.After; sub.bound). Rows
+	// below can become due meanwhile (a retry, an expired lease, a key's
+	// next event, a late commit, another process's aborted batch): the
+	// bound is dropped when a claim comes back short or fails, when a
+	// retry this subscription recorded comes due, when it writes ordered
+	// acks (or sees one acknowledged in the handler's transaction) or
+	// ends a held batch that leaves rows due or pending, and at the
+	// latest claimbound.DefaultMaxAge after it was set from the oldest, so
+	// such a row waits at most that long, and only during a backlog.
 	for {
 		// Events handed over by acknowledgements take room too: the
 		// subscription holds at most a queue's worth of undispatched
@@ -635,9 +630,8 @@ func (sub *subscription) claimLoop() {
 			Limit: limit, Lease: sub.cfg.Lease, MaxAttempts: sub.cfg.MaxAttempts,
 			DeadLetterPolicy: sub.cfg.DeadLetterPolicy,
 		}
-		if sub.boundStale.Swap(false) || after != 0 && time.Since(afterSince) >= claimBoundAge {
-			after = 0
-		}
+		began := time.Now()
+		after, gen := sub.bound.Next(began)
 		req.After = after
 		var claimed []Claimed
 		var batch *heldBatch
@@ -653,15 +647,14 @@ func (sub *subscription) claimLoop() {
 			cancel()
 		}
 		noteOutcome(&sub.claimFailing, err)
-		if err == nil && limit > 0 && len(claimed) == limit {
-			if after == 0 {
-				afterSince = time.Now()
-			}
+		if err == nil {
+			var largest int64
 			for _, c := range claimed {
-				after = max(after, c.ID)
+				largest = max(largest, c.ID)
 			}
+			sub.bound.Claimed(began, after, gen, len(claimed), limit, largest)
 		} else {
-			after = 0
+			sub.bound.Drop()
 		}
 		if err != nil {
 			// A wake-up cuts the wait short.
@@ -893,7 +886,7 @@ func (sub *subscription) deliver(q queued) bool {
 				if c.OrderingKey != "" {
 					// That commit made the key's next event claimable,
 					// below the claim bound (see claimLoop).
-					sub.boundStale.Store(true)
+					sub.bound.Drop()
 					sub.store.wake.notifyGroup(sub.topic, sub.cfg.ConsumerGroup)
 				}
 				return true
@@ -992,14 +985,17 @@ func (sub *subscription) fail(c Claimed, msg *message.Message) {
 			sub.logger.Info("Event dead-lettered at the attempt limit", watermill.LogFields{"event_id": c.ID, "attempts": c.Attempts})
 		}
 		if err == nil {
-			// The event is due again after its backoff, below the claim
-			// bound (see claimLoop).
-			sub.boundStale.Store(true)
 			sub.tel.failed(ctx, c.Kind, out.DeadLettered)
-			if out.DeadLettered && c.OrderingKey != "" {
+			switch {
+			case out.DeadLettered && c.OrderingKey != "":
 				// Under DeadLetterSkip the key's next event became
-				// claimable.
+				// claimable, below the claim bound (see claimLoop).
+				sub.bound.Drop()
 				sub.store.wake.notifyGroup(sub.topic, sub.cfg.ConsumerGroup)
+			case !out.DeadLettered:
+				// The event is due again after its backoff, below the
+				// claim bound.
+				sub.bound.RetryAt(time.Now().Add(delay))
 			}
 		}
 		return err
@@ -1292,7 +1288,7 @@ func (sub *subscription) flushAcks(batch []Receipt) {
 		defer func() {
 			// Keys' next events not handed over became pending, below
 			// the claim bound (see claimLoop).
-			sub.boundStale.Store(true)
+			sub.bound.Drop()
 			sub.orderedAcks.Add(-int64(ordered))
 			if !handOver {
 				sub.store.wake.notifyGroup(sub.topic, sub.cfg.ConsumerGroup)

@@ -249,10 +249,10 @@ func (sub *subscription) settleHeld(b *heldBatch, lease []Claimed) map[int64]str
 		// leased ones when their lease ends) or pending (keys' next
 		// events) below the claim bound; an aborted or lost batch leaves
 		// all of its rows due.
-		defer sub.boundStale.Store(true)
+		defer sub.bound.Drop()
 	}
 	if len(delivered) == 0 && len(failed) == 0 && len(lease) == 0 {
-		sub.boundStale.Store(true)
+		sub.bound.Drop()
 		sub.tel.heldBatchEnded(sub.ctx, "aborted")
 		sub.abortHeld(b)
 		return nil
@@ -269,7 +269,7 @@ func (sub *subscription) settleHeld(b *heldBatch, lease []Claimed) map[int64]str
 	cancel()
 	sub.endHeld() // the transaction ended: the failures below are leased claims
 	if err != nil {
-		sub.boundStale.Store(true)
+		sub.bound.Drop()
 		b.lost.Store(true)
 		sub.tel.heldBatchEnded(sub.ctx, "lost")
 		_ = b.claim.Abort()

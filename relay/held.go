@@ -112,7 +112,7 @@ func (p *pipeline) settleHeld(hb *heldBatch) {
 		if err != nil {
 			p.r.cfg.Logger.Error("relay: could not end a held claim; its events are due again when the database ends it", "error", err.Error())
 		}
-		p.bound.drop() // its events are due below the claims' bound
+		p.bound.Drop() // its events are due below the claims' bound
 		return
 	}
 	lease := make([]int64, len(hb.failed))
@@ -126,12 +126,12 @@ func (p *pipeline) settleHeld(hb *heldBatch) {
 	if err != nil {
 		p.r.cfg.Logger.Error("relay: could not acknowledge published events; they will be published again (and dropped as duplicates)",
 			"error", err.Error(), "events", len(hb.delivered))
-		p.bound.drop() // the batch's events are due again, below the claims' bound
+		p.bound.Drop() // the batch's events are due again, below the claims' bound
 		return
 	}
 	if hb.ordered {
 		// The next events of their keys became claimable, below the bound.
-		p.bound.drop()
+		p.bound.Drop()
 		select {
 		case p.kick <- struct{}{}:
 		default:

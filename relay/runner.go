@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/millpond/millpond/internal/claimbound"
 	"github.com/millpond/millpond/outbox"
 )
 
@@ -427,8 +428,10 @@ type pipeline struct {
 	// rather than after a claim of a whole batch; an empty claim resets it.
 	ramp atomic.Int64
 
-	// bound is the claims' lower bound over a backlog (see claimBound).
-	bound claimBound
+	// bound is the claims' lower bound over a backlog (see the package
+	// claimbound): a claim steps over every event the relay holds
+	// (claimed, not yet acknowledged: up to Window plus a batch).
+	bound claimbound.Bound
 
 	mu   sync.Mutex
 	held map[int64]outbox.Receipt // claimed, unsettled (for lease extension)
@@ -464,6 +467,10 @@ type failedItem struct {
 	res result
 }
 
+// maxBoundAge is the longest a pipeline's claim bound lives (a variable
+// for tests; see SetMaxBoundAge in export_test.go).
+var maxBoundAge = claimbound.DefaultMaxAge
+
 func newPipeline(r *runner, stream string) *pipeline {
 	p := &pipeline{
 		r: r, stream: stream, tel: r.tel.forStream(stream, r.cfg.Group, r.target(stream)),
@@ -479,6 +486,7 @@ func newPipeline(r *runner, stream string) *pipeline {
 		slots:   make(chan struct{}, maxHeldClaims),
 		open:    map[*heldBatch]struct{}{},
 	}
+	p.bound.MaxAge = maxBoundAge
 	p.ramp.Store(int64(firstClaim(r.cfg)))
 	return p
 }
@@ -581,7 +589,7 @@ func emptyClaimWait(prev, took, pollInterval time.Duration) time.Duration {
 // emptyClaimWait), so events of transactions that commit just after a
 // wake-up are found at once. The others claim only while claims come back
 // full. Over a backlog, claims start above the events the last full claims
-// took (see claimBound).
+// took (see the package claimbound).
 func (p *pipeline) claimLoop(lead bool) {
 	var wake <-chan struct{}
 	if lead {
@@ -615,7 +623,7 @@ func (p *pipeline) claimLoop(lead bool) {
 		}
 		ctx, cancel := p.opCtx()
 		began := time.Now()
-		after, gen := p.bound.next(began)
+		after, gen := p.bound.Next(began)
 		req := outbox.ClaimRequest{
 			Stream: p.stream, Group: p.r.cfg.Group, Worker: p.r.cfg.Worker, Limit: limit, Lease: p.r.cfg.Lease,
 			MaxAttempts: p.r.cfg.MaxAttempts, DeadLetterPolicy: p.r.cfg.DeadLetterPolicy, After: after,
@@ -642,7 +650,7 @@ func (p *pipeline) claimLoop(lead bool) {
 			if len(claimed) > 0 {
 				largest = claimed[len(claimed)-1].ID // oldest first
 			}
-			p.bound.claimed(began, after, gen, len(claimed), limit, largest)
+			p.bound.Claimed(began, after, gen, len(claimed), limit, largest)
 		}
 		if err != nil {
 			if !lead {
@@ -889,7 +897,7 @@ func (p *pipeline) ackLoop() {
 		if ordered || len(stale) > 0 || err != nil {
 			// The next events of their keys became claimable, or lost
 			// leases make events due again: below the claims' bound.
-			p.bound.drop()
+			p.bound.Drop()
 		}
 		if ordered {
 			// The next events of their keys became claimable.
@@ -930,9 +938,9 @@ func (p *pipeline) settleFailure(f failedItem) {
 	case err != nil || (out.DeadLettered && c.OrderingKey != ""):
 		// A lost lease makes the event due again; a dead-lettered head
 		// may let the next event of its key go (DeadLetterSkip).
-		p.bound.drop()
+		p.bound.Drop()
 	case !out.DeadLettered:
-		p.bound.retryAt(time.Now().Add(fl.RetryDelay))
+		p.bound.RetryAt(time.Now().Add(fl.RetryDelay))
 	}
 	switch {
 	case errors.Is(err, outbox.ErrStaleClaim):
@@ -1049,7 +1057,7 @@ func (p *pipeline) forget(rs ...outbox.Receipt) {
 // release hands claimed, unpublished events back at once.
 func (p *pipeline) release(rs ...outbox.Receipt) {
 	defer p.forget(rs...)
-	defer p.bound.drop() // the released events are due below the claims' bound
+	defer p.bound.Drop() // the released events are due below the claims' bound
 	for start := 0; start < len(rs); start += outbox.MaxBatch {
 		chunk := rs[start:min(start+outbox.MaxBatch, len(rs))]
 		ctx, cancel := p.opCtx()
@@ -1120,7 +1128,7 @@ func (p *pipeline) extendLoop(stop <-chan struct{}) {
 			cancel()
 			if err != nil {
 				p.r.cfg.Logger.Error("relay: could not extend leases", "error", err.Error(), "events", len(chunk))
-				p.bound.drop() // the leases may expire: their events due below the claims' bound
+				p.bound.Drop() // the leases may expire: their events due below the claims' bound
 				continue
 			}
 			// An event settled meanwhile is stale to Extend but not lost.
@@ -1133,7 +1141,7 @@ func (p *pipeline) extendLoop(stop <-chan struct{}) {
 			p.mu.Unlock()
 		}
 		if lost > 0 {
-			p.bound.drop()
+			p.bound.Drop()
 			p.r.cfg.Logger.Info("relay: some claimed events lost their leases and may be published elsewhere (and dropped as duplicates)", "events", lost)
 		}
 	}

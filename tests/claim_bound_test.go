@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -17,8 +18,9 @@ import (
 // another consumer makes due below the bound wait for it to age out).
 // Events
 // that become due below that bound are still delivered while the backlog
-// is being worked through, not after it: a retry of its own Nack (the
-// Nack drops the bound, so a retry without backoff comes at once) and an
+// is being worked through, not after it: a retry of its own Nack (its
+// due time drops the bound, so a retry comes with the first claim after
+// its backoff) and an
 // event whose lease, taken by another
 // consumer, expires (the bound stands at most a quarter of a second), and
 // the next event of a key whose head the handler acknowledged in its own
@@ -38,6 +40,10 @@ func TestLeasedSubscriberClaimBound(t *testing.T) {
 			t.Run("ImmediateRetryDuringBacklog", func(t *testing.T) {
 				t.Parallel()
 				testImmediateRetryDuringBacklog(t, newEnv(t, dialect, false))
+			})
+			t.Run("RetryAfterBackoffDuringBacklog", func(t *testing.T) {
+				t.Parallel()
+				testRetryAfterBackoffDuringBacklog(t, newEnv(t, dialect, false))
 			})
 			t.Run("ExpiredLeaseDuringBacklog", func(t *testing.T) {
 				t.Parallel()
@@ -134,8 +140,52 @@ func testExpiredLeaseDuringBacklog(t *testing.T, e *env) {
 	t.Logf("the event whose lease expired came after %d of %d events", expiredAfter, n)
 }
 
-// testImmediateRetryDuringBacklog: a Nack drops the claim bound, so an
-// event retried without backoff comes again within the next claim, not
+// testRetryAfterBackoffDuringBacklog: the subscription remembers when the
+// retry of each of its Nacks comes due, and its first claim from then on
+// starts below the bound, so five events nacked with a 30 ms backoff each
+// come again within 150 ms of that, not when the bound has aged out
+// (without the due times, the Nack itself dropped the bound, the next
+// full claim set a new one, and each retry came 270-280 ms after its
+// Nack).
+func testRetryAfterBackoffDuringBacklog(t *testing.T, e *env) {
+	const n, backoff, slack = 2000, 30 * time.Millisecond, 150 * time.Millisecond
+	e.enqueueAll(keyedEvents("bound", n)...)
+	_, msgs := subscribe(t, e.s, outbox.SubscriberConfig{
+		BatchSize: 10, MaxInFlight: 1, Backoff: func(int) time.Duration { return backoff },
+	}, "bound")
+	nacked := map[string]time.Time{}
+	var late []string
+	var slowest time.Duration
+	retried := 0
+	for i := 0; retried < 5; i++ {
+		if i == n {
+			t.Fatalf("%d of the 5 nacked events came again", retried)
+		}
+		m := receive(t, msgs, 10*time.Second)
+		time.Sleep(1500 * time.Microsecond)
+		if at, ok := nacked[m.UUID]; ok {
+			retried++
+			d := time.Since(at)
+			slowest = max(slowest, d)
+			if d > backoff+slack {
+				late = append(late, fmt.Sprintf("%s after %s", m.UUID, d.Round(time.Millisecond)))
+			}
+		} else if i >= 200 && i%150 == 50 && len(nacked) < 5 {
+			nacked[m.UUID] = time.Now()
+			m.Nack()
+			continue
+		}
+		m.Ack()
+	}
+	if len(late) > 0 {
+		t.Fatalf("nacked with a %s backoff, these came again later than %s: %v", backoff, backoff+slack, late)
+	}
+	t.Logf("nacked with a %s backoff, the slowest came again after %s", backoff, slowest.Round(time.Millisecond))
+}
+
+// testImmediateRetryDuringBacklog: a Nack's retry without backoff is due
+// at once, which drops the claim bound, so the event comes again within
+// the next claim, not
 // when the bound has aged out (a quarter of a second: about 150 events
 // here).
 func testImmediateRetryDuringBacklog(t *testing.T, e *env) {
