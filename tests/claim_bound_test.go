@@ -1,7 +1,6 @@
 package tests
 
 import (
-	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -29,34 +28,24 @@ func TestLeasedSubscriberClaimBound(t *testing.T) {
 	for _, dialect := range testdb.Dialects {
 		t.Run(dialect, func(t *testing.T) {
 			t.Parallel()
-			t.Run("RetryDuringBacklog", func(t *testing.T) {
-				t.Parallel()
-				e := newEnv(t, dialect, false)
-				testRetryDuringBacklog(t, e, func(cfg outbox.SubscriberConfig) <-chan *message.Message {
-					_, msgs := subscribe(t, e.s, cfg, "held")
-					return msgs
+			for name, run := range map[string]func(*testing.T, *env){
+				"RetryDuringBacklog": func(t *testing.T, e *env) {
+					testRetryDuringBacklog(t, e, func(cfg outbox.SubscriberConfig) <-chan *message.Message {
+						_, msgs := subscribe(t, e.s, cfg, "held")
+						return msgs
+					})
+				},
+				"ImmediateRetryDuringBacklog":    testImmediateRetryDuringBacklog,
+				"RetryAfterBackoffDuringBacklog": testRetryAfterBackoffDuringBacklog,
+				"ExpiredLeaseDuringBacklog":      testExpiredLeaseDuringBacklog,
+				"ClaimsStartAboveTheBound":       testClaimsStartAboveTheBound,
+				"OrderedAckInTxDuringBacklog":    testOrderedAckInTxDuringBacklog,
+			} {
+				t.Run(name, func(t *testing.T) {
+					t.Parallel()
+					run(t, newEnv(t, dialect, false))
 				})
-			})
-			t.Run("ImmediateRetryDuringBacklog", func(t *testing.T) {
-				t.Parallel()
-				testImmediateRetryDuringBacklog(t, newEnv(t, dialect, false))
-			})
-			t.Run("RetryAfterBackoffDuringBacklog", func(t *testing.T) {
-				t.Parallel()
-				testRetryAfterBackoffDuringBacklog(t, newEnv(t, dialect, false))
-			})
-			t.Run("ExpiredLeaseDuringBacklog", func(t *testing.T) {
-				t.Parallel()
-				testExpiredLeaseDuringBacklog(t, newEnv(t, dialect, false))
-			})
-			t.Run("ClaimsStartAboveTheBound", func(t *testing.T) {
-				t.Parallel()
-				testClaimsStartAboveTheBound(t, newEnv(t, dialect, false))
-			})
-			t.Run("OrderedAckInTxDuringBacklog", func(t *testing.T) {
-				t.Parallel()
-				testOrderedAckInTxDuringBacklog(t, newEnv(t, dialect, false))
-			})
+			}
 		})
 	}
 }
@@ -142,45 +131,44 @@ func testExpiredLeaseDuringBacklog(t *testing.T, e *env) {
 
 // testRetryAfterBackoffDuringBacklog: the subscription remembers when the
 // retry of each of its Nacks comes due, and its first claim from then on
-// starts below the bound, so five events nacked with a 30 ms backoff each
-// come again within 150 ms of that, not when the bound has aged out
-// (without the due times, the Nack itself dropped the bound, the next
-// full claim set a new one, and each retry came 270-280 ms after its
-// Nack).
+// starts below the bound, so events nacked with a 30 ms backoff come again
+// soon after that. Had the Nack only dropped the bound, the next full
+// claim would set a new one and each retry would wait for it to age out:
+// 250 ms or more after its Nack, every time (268-283 ms, measured). Of
+// eight retries at least half must come within 220 ms of their Nack (on a
+// loaded machine one in five came later, after a stall).
 func testRetryAfterBackoffDuringBacklog(t *testing.T, e *env) {
-	const n, backoff, slack = 2000, 30 * time.Millisecond, 150 * time.Millisecond
+	const n, tries, backoff, soon = 2000, 8, 30 * time.Millisecond, 220 * time.Millisecond
 	e.enqueueAll(keyedEvents("bound", n)...)
 	_, msgs := subscribe(t, e.s, outbox.SubscriberConfig{
 		BatchSize: 10, MaxInFlight: 1, Backoff: func(int) time.Duration { return backoff },
 	}, "bound")
 	nacked := map[string]time.Time{}
-	var late []string
-	var slowest time.Duration
-	retried := 0
-	for i := 0; retried < 5; i++ {
+	var after []time.Duration
+	early := 0
+	for i := 0; len(after) < tries; i++ {
 		if i == n {
-			t.Fatalf("%d of the 5 nacked events came again", retried)
+			t.Fatalf("%d of the %d nacked events came again", len(after), tries)
 		}
 		m := receive(t, msgs, 10*time.Second)
 		time.Sleep(1500 * time.Microsecond)
 		if at, ok := nacked[m.UUID]; ok {
-			retried++
 			d := time.Since(at)
-			slowest = max(slowest, d)
-			if d > backoff+slack {
-				late = append(late, fmt.Sprintf("%s after %s", m.UUID, d.Round(time.Millisecond)))
+			after = append(after, d.Round(time.Millisecond))
+			if d < soon {
+				early++
 			}
-		} else if i >= 200 && i%150 == 50 && len(nacked) < 5 {
+		} else if i >= 200 && i%150 == 50 && len(nacked) < tries {
 			nacked[m.UUID] = time.Now()
 			m.Nack()
 			continue
 		}
 		m.Ack()
 	}
-	if len(late) > 0 {
-		t.Fatalf("nacked with a %s backoff, these came again later than %s: %v", backoff, backoff+slack, late)
+	if early < tries/2 {
+		t.Fatalf("nacked with a %s backoff, %d of %d came again within %s of their Nack (after %v), want at least %d", backoff, early, tries, soon, after, tries/2)
 	}
-	t.Logf("nacked with a %s backoff, the slowest came again after %s", backoff, slowest.Round(time.Millisecond))
+	t.Logf("nacked with a %s backoff, they came again after %v", backoff, after)
 }
 
 // testImmediateRetryDuringBacklog: a Nack's retry without backoff is due
