@@ -286,7 +286,10 @@ func (sub *subscription) settleHeld(b *heldBatch, lease []Claimed) map[int64]str
 		sub.tel.acknowledged(sub.ctx, kind, n)
 	}
 	if ordered {
-		// The next events of their keys became claimable.
+		// The next events of their keys became claimable, below the
+		// claim bound: the claim this wakes starts from the oldest (the
+		// deferred drop would come after it).
+		sub.bound.Drop()
 		sub.store.wake.notifyGroup(sub.topic, sub.cfg.ConsumerGroup)
 	}
 	keys := make(map[int64]string, len(rs))
